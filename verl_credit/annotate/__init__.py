@@ -1,0 +1,1 @@
+"""Annotators: trajectories in, validated graphs out (one interface, one cache)."""

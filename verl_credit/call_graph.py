@@ -1,0 +1,77 @@
+"""The causal call graph of CALL-CREDIT (DESIGN.md section 2.2): roles plus read -> edit -> verify edges.
+
+``roles`` always holds a usable role per call (rules, then the position prior as a tie-break);
+``ambiguous[i]`` is True when the rules alone could not decide call ``i`` -- the credit JSONL then
+reports ``role: null, ambiguous: true`` while the math uses the tie-broken role.
+Edge kinds: ``IG->AE`` (edit of a path the read saw), ``AE->RV`` (tests run after the edit),
+``RV->AE`` (self-correction: an edit of a path named in a failing test output).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from verl_credit.credit.call_credit import ROLES
+
+__all__ = ["CallEdge", "CallGraph"]
+
+
+@dataclass(frozen=True)
+class CallEdge:
+    src: int
+    dst: int
+    kind: str  # "IG->AE" | "AE->RV" | "RV->AE"
+    unit: str = ""  # the path or symbol that justifies the edge
+
+    def to_json(self) -> dict[str, Any]:
+        return {"src": self.src, "dst": self.dst, "kind": self.kind, "unit": self.unit}
+
+
+@dataclass(frozen=True)
+class CallGraph:
+    roles: tuple[str, ...]
+    ambiguous: tuple[bool, ...]
+    edges: tuple[CallEdge, ...] = ()
+
+    def __post_init__(self) -> None:
+        if len(self.roles) != len(self.ambiguous):
+            raise ValueError("roles and ambiguous must have one entry per call")
+        for role in self.roles:
+            if role not in ROLES:
+                raise ValueError(f"unknown call role {role!r} (roles: {ROLES})")
+        for edge in self.edges:
+            if not 0 <= edge.src < len(self.roles) or not 0 <= edge.dst < len(self.roles) or edge.src == edge.dst:
+                raise ValueError(f"call edge {edge.src}->{edge.dst} out of range for {len(self.roles)} calls")
+
+    @property
+    def num_calls(self) -> int:
+        return len(self.roles)
+
+    def out_degree(self) -> np.ndarray:
+        """``deg_i``: outgoing causal edges per call, shape ``(num_calls,)``."""
+        degree = np.zeros(self.num_calls, dtype=np.float64)
+        for edge in self.edges:
+            degree[edge.src] += 1
+        return degree
+
+    def reported_roles(self) -> list[str | None]:
+        """Roles as the credit JSONL reports them (``None`` for ambiguous calls)."""
+        return [None if amb else role for role, amb in zip(self.roles, self.ambiguous, strict=True)]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "roles": list(self.roles),
+            "ambiguous": list(self.ambiguous),
+            "edges": [edge.to_json() for edge in self.edges],
+        }
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> CallGraph:
+        return cls(
+            roles=tuple(raw["roles"]),
+            ambiguous=tuple(bool(a) for a in raw.get("ambiguous", [False] * len(raw["roles"]))),
+            edges=tuple(CallEdge(int(e["src"]), int(e["dst"]), str(e["kind"]), str(e.get("unit", ""))) for e in raw.get("edges", [])),
+        )

@@ -1,0 +1,1 @@
+"""The ``verl-credit`` command line: argument parsing only; every command calls library code."""

@@ -1,0 +1,56 @@
+"""``verl-credit``: one module per subcommand, each with ``add_parser(subparsers)`` and ``run(args)``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from verl_credit.io import InputError
+
+# subcommand -> module under verl_credit.cli
+COMMANDS: dict[str, str] = {
+    "demo": "demo",
+    "annotate": "annotate",
+    "route": "route",
+    "audit": "audit",
+    "report": "report",
+    "ingest": "ingest",
+    "weakness": "weakness",
+    "bench": "bench",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="verl-credit",
+        description="Dependency-aware credit assignment for multi-turn agent RL (IAPO, CALL-CREDIT).",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for module_name in COMMANDS.values():
+        try:
+            module = importlib.import_module(f"verl_credit.cli.{module_name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"verl_credit.cli.{module_name}":
+                continue
+            raise
+        module.add_parser(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.run(args) or 0)
+    except InputError as exc:
+        print(f"verl-credit {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"verl-credit {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""The environment interface every multi-turn task world implements.
+
+The agent loop (``verl_credit.verl.agent_loop``) drives one episode like this::
+
+    start = await env.start(task)                   # system prompt, tools, opening user turn
+    messages = [system, user(start.first_user_message)]
+    loop:
+        assistant = <policy generates>
+        if assistant has tool calls:
+            for call: result = await env.call_tool(call.name, call.arguments)  -> role "tool" message
+        else:
+            turn = await env.user_turn(messages)     # the simulated user answers (or ends)
+            if turn.done: break
+            messages.append(user(turn.content))
+    reward = await env.reward()
+    await env.close()
+
+Implementations: the demo service world (``envs/service``), tau2-bench (``envs/tau2``), the coding
+sandbox (``envs/coding``). Each registers itself with :func:`register_environment` and is
+built by name (``build_environment``), so the agent loop never branches on the environment.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "ENVIRONMENTS",
+    "EpisodeStart",
+    "Environment",
+    "ToolResult",
+    "UserTurn",
+    "build_environment",
+    "register_environment",
+]
+
+
+@dataclass
+class EpisodeStart:
+    system_prompt: str
+    tools: list[dict[str, Any]]  # OpenAI function-tool schemas: {"type": "function", "function": {...}}
+    first_user_message: str
+    info: dict[str, Any] = field(default_factory=dict)  # task id, domain, ... (for logs)
+
+
+@dataclass
+class ToolResult:
+    content: str
+    is_error: bool = False
+
+
+@dataclass
+class UserTurn:
+    content: str | None
+    done: bool = False  # the user ended the conversation (content may hold a closing line)
+
+
+class Environment(ABC):
+    """One episode of one task. Not shared between concurrent episodes."""
+
+    name: str = "base"
+
+    @abstractmethod
+    async def start(self, task: Mapping[str, Any]) -> EpisodeStart:
+        """Reset to ``task`` (a row's ``extra_info`` / task spec) and return the opening."""
+
+    @abstractmethod
+    async def call_tool(self, name: str, arguments: Mapping[str, Any]) -> ToolResult:
+        """Execute one agent tool call against the environment state."""
+
+    @abstractmethod
+    async def user_turn(self, messages: list[dict[str, Any]]) -> UserTurn:
+        """The user's reply to the conversation so far (last message: the assistant's text)."""
+
+    @abstractmethod
+    async def reward(self) -> float:
+        """Outcome reward of the finished episode."""
+
+    async def close(self) -> None:
+        """Release resources (temp dirs, clients)."""
+
+
+ENVIRONMENTS: dict[str, Callable[..., Environment]] = {}
+
+
+def register_environment(name: str) -> Callable[[type[Environment]], type[Environment]]:
+    def decorator(cls: type[Environment]) -> type[Environment]:
+        existing = ENVIRONMENTS.get(name)
+        if existing is not None and existing is not cls:
+            raise ValueError(f"environment {name!r} is already registered to {existing}")
+        ENVIRONMENTS[name] = cls
+        cls.name = name
+        return cls
+
+    return decorator
+
+
+_BUILTIN = {
+    "service": "verl_credit.envs.service",
+    "tau2": "verl_credit.envs.tau2",
+    "coding": "verl_credit.envs.coding",
+}
+
+
+def build_environment(name: str, **options: Any) -> Environment:
+    """Instantiate a registered environment by name (built-ins are imported on first use)."""
+    if name not in ENVIRONMENTS and name in _BUILTIN:
+        import importlib
+
+        importlib.import_module(_BUILTIN[name])
+    if name not in ENVIRONMENTS:
+        raise ValueError(f"unknown environment {name!r}; registered: {sorted(set(ENVIRONMENTS) | set(_BUILTIN))}")
+    return ENVIRONMENTS[name](**options)

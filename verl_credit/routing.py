@@ -1,0 +1,223 @@
+"""The one batch path from graphs to per-action and per-token advantages.
+
+Shared by the verl trainer, the CLI (``verl-credit route``), the demo and the benchmarks:
+
+    scores + group ids  --grpo.py-->  A_tau (B,)
+    graphs + lengths    --pad-->      degrees (B, T)  --iapo.py / call_credit.py-->  w (B, T)
+    A_tau * w           --tokens.py-->  (rows, response_len)
+
+Nothing here knows where a graph came from (annotator, cache, file) or how rows were packed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from verl_credit.call_graph import CallGraph
+from verl_credit.config import CreditConfig
+from verl_credit.credit.call_credit import ROLES, compute_call_scores, compute_call_weights
+from verl_credit.credit.grpo import compute_grpo_trajectory_advantage
+from verl_credit.credit.iapo import compute_iapo_weights
+from verl_credit.credit.tokens import scatter_action_values_to_tokens
+from verl_credit.graph import InfluenceGraph
+
+__all__ = [
+    "BatchCredit",
+    "compute_batch_credit",
+    "pad_call_graphs",
+    "pad_influence_graphs",
+    "pad_lengths",
+    "route_token_advantages",
+]
+
+
+@dataclass
+class BatchCredit:
+    """Per-trajectory credit for a batch. Tensors are padded to ``T`` actions (padding: length 0).
+
+    ``weight`` is the routed ``w`` actually applied (1 where ``A = 0``); ``action_advantage`` is
+    ``A_tau * w``; ``w_plus``/``w_minus`` are both branches (IAPO) for diagnostics.
+    """
+
+    estimator: str
+    trajectory_advantage: torch.Tensor  # (B,)
+    lengths: torch.Tensor  # (B, T)
+    num_actions: torch.Tensor  # (B,)
+    weight: torch.Tensor  # (B, T)
+    action_advantage: torch.Tensor  # (B, T)
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def weights_of(self, row: int) -> list[float]:
+        return self.weight[row, : int(self.num_actions[row])].tolist()
+
+    def advantages_of(self, row: int) -> list[float]:
+        return self.action_advantage[row, : int(self.num_actions[row])].tolist()
+
+
+def pad_lengths(lengths: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ragged per-action lengths -> ``(B, T)`` float64 lengths and ``(B,)`` action counts."""
+    counts = [len(row) for row in lengths]
+    width = max(counts, default=0)
+    padded = np.zeros((len(lengths), max(width, 1)), dtype=np.float64)
+    for row, values in enumerate(lengths):
+        padded[row, : len(values)] = values
+    return torch.from_numpy(padded), torch.tensor(counts, dtype=torch.long)
+
+
+def pad_influence_graphs(graphs: Sequence[InfluenceGraph], width: int) -> dict[str, torch.Tensor]:
+    """Stack graph degrees into ``(B, width)`` float64 tensors: d_plus, d_minus, d_in, errors.
+
+    One pass collects every edge of the batch into flat index arrays; the counting itself is a
+    vectorized ``np.add.at``.
+    """
+    batch = len(graphs)
+    rows, srcs, dsts, plus = [], [], [], []
+    error_rows, error_actions, direct_rows, direct_actions, direct_counts = [], [], [], [], []
+    for row, graph in enumerate(graphs):
+        if graph.num_actions > width:
+            raise ValueError(f"graph {row} has {graph.num_actions} actions, more than the batch width {width}")
+        for edge in graph.edges:
+            rows.append(row)
+            srcs.append(edge.src)
+            dsts.append(edge.dst)
+            plus.append(edge.sign == "+")
+        for mark in graph.errors:
+            error_rows.append(row)
+            error_actions.append(mark.action)
+        for action, count in graph.direct_user_inputs:
+            direct_rows.append(row)
+            direct_actions.append(action)
+            direct_counts.append(count)
+    d_plus = np.zeros((batch, width))
+    d_minus = np.zeros((batch, width))
+    d_in = np.zeros((batch, width))
+    errors = np.zeros((batch, width))
+    if rows:
+        row_index, src, dst = np.asarray(rows), np.asarray(srcs), np.asarray(dsts)
+        is_plus = np.asarray(plus, dtype=bool)
+        np.add.at(d_plus, (row_index[is_plus], src[is_plus]), 1.0)
+        np.add.at(d_in, (row_index[is_plus], dst[is_plus]), 1.0)
+        np.add.at(d_minus, (row_index[~is_plus], src[~is_plus]), 1.0)
+    if error_rows:
+        errors[np.asarray(error_rows), np.asarray(error_actions)] = 1.0
+    if direct_rows:
+        np.add.at(d_in, (np.asarray(direct_rows), np.asarray(direct_actions)), np.asarray(direct_counts, dtype=np.float64))
+    return {name: torch.from_numpy(value) for name, value in
+            (("d_plus", d_plus), ("d_minus", d_minus), ("d_in", d_in), ("errors", errors))}
+
+
+def pad_call_graphs(graphs: Sequence[CallGraph], width: int, omega: dict[str, float]) -> dict[str, torch.Tensor]:
+    """Stack call graphs into ``(B, width)`` float64 tensors: omega, out_degree, valid, one-hot roles."""
+    batch = len(graphs)
+    out = {name: np.zeros((batch, width)) for name in ("omega", "out_degree", "valid", *ROLES)}
+    for row, graph in enumerate(graphs):
+        count = graph.num_calls
+        if count > width:
+            raise ValueError(f"call graph {row} has {count} calls, more than the batch width {width}")
+        out["valid"][row, :count] = 1.0
+        out["out_degree"][row, :count] = graph.out_degree()
+        for position, role in enumerate(graph.roles):
+            out["omega"][row, position] = omega[role]
+            out[role][row, position] = 1.0
+    return {name: torch.from_numpy(value) for name, value in out.items()}
+
+
+def compute_batch_credit(
+    scores: torch.Tensor,
+    index: Sequence[Any] | np.ndarray,
+    lengths: Sequence[Sequence[int]],
+    config: CreditConfig,
+    graphs: Sequence[InfluenceGraph] | None = None,
+    call_graphs: Sequence[CallGraph] | None = None,
+) -> BatchCredit:
+    """Trajectory advantage and per-action weights for a batch of B trajectories.
+
+    Args:
+        scores: ``(B,)`` outcome reward per trajectory (one entry per trajectory, not per row).
+        index: ``(B,)`` group id (uid) per trajectory.
+        lengths: B lists of per-action trainable token counts.
+        config: which estimator and its parameters.
+        graphs: B influence graphs (``iapo``); validated already.
+        call_graphs: B call graphs (``call_credit``).
+
+    Returns:
+        :class:`BatchCredit` (weights in float64; advantages in ``scores``' dtype).
+    """
+    advantage = compute_grpo_trajectory_advantage(
+        scores, index, epsilon=config.epsilon, norm_adv_by_std_in_grpo=config.norm_adv_by_std_in_grpo
+    )
+    padded_lengths, counts = pad_lengths(lengths)
+    width = padded_lengths.shape[1]
+    valid = torch.arange(width).unsqueeze(0) < counts.unsqueeze(1)
+    extras: dict[str, torch.Tensor] = {}
+    if config.estimator == "grpo":
+        weight = valid.to(torch.float64)
+    elif config.estimator == "iapo":
+        if graphs is None or len(graphs) != len(lengths):
+            raise ValueError("the iapo estimator needs one influence graph per trajectory")
+        degrees = pad_influence_graphs(graphs, width)
+        cfg = config.iapo
+        routed = compute_iapo_weights(
+            advantage.to(torch.float64), degrees["d_plus"], degrees["d_minus"], degrees["d_in"], degrees["errors"],
+            padded_lengths, beta_plus=cfg.beta_plus, clip_c=cfg.clip_c, neg_route=cfg.neg_route,  # type: ignore[arg-type]
+            beta_minus=cfg.beta_minus, eps=cfg.eps,
+        )
+        weight = routed.pop("weight")
+        extras = {**routed, "errors": degrees["errors"]}
+    elif config.estimator == "call_credit":
+        if call_graphs is None or len(call_graphs) != len(lengths):
+            raise ValueError("the call_credit estimator needs one call graph per trajectory")
+        cfg_call = config.call_credit
+        padded = pad_call_graphs(call_graphs, width, dict(cfg_call.omega))
+        call_scores = compute_call_scores(
+            padded["omega"], padded["out_degree"], padded["valid"], smoothing=cfg_call.smoothing, gamma=cfg_call.gamma
+        )
+        weight = compute_call_weights(call_scores, padded_lengths, padded["valid"], mode=cfg_call.mode)  # type: ignore[arg-type]
+        extras = {"call_scores": call_scores, **{role: padded[role] for role in ROLES}}
+    else:
+        raise ValueError(f"unknown estimator {config.estimator!r}")
+    weight = weight * valid
+    action_advantage = (advantage.unsqueeze(-1).to(torch.float64) * weight).to(scores.dtype)
+    return BatchCredit(
+        estimator=config.estimator,
+        trajectory_advantage=advantage,
+        lengths=padded_lengths,
+        num_actions=counts,
+        weight=weight,
+        action_advantage=action_advantage,
+        extras=extras,
+    )
+
+
+def route_token_advantages(
+    credit: BatchCredit,
+    row_trajectory: torch.Tensor,
+    span_action: torch.Tensor,
+    span_start: torch.Tensor,
+    span_end: torch.Tensor,
+    response_length: int,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """Token advantages ``A_tau * w_i`` for training rows.
+
+    Computed as ``A_tau (row dtype) * w_i (cast to the row dtype)`` so that ``w = 1`` reproduces
+    verl's GRPO tensor (``A * response_mask``) bit-for-bit.
+
+    Args:
+        credit: the batch's per-trajectory credit.
+        row_trajectory: ``(rows,)`` index into ``credit``'s trajectories for every training row.
+        span_action, span_start, span_end: ``(rows, S)`` spans of each row (see ``credit.tokens``).
+        response_length: R.
+
+    Returns:
+        ``(rows, R)`` advantages, 0 outside action spans.
+    """
+    row_weights = credit.weight.to(dtype)[row_trajectory]
+    token_weights = scatter_action_values_to_tokens(row_weights, span_action, span_start, span_end, response_length)
+    row_advantage = credit.trajectory_advantage.to(dtype)[row_trajectory]
+    return row_advantage.unsqueeze(-1) * token_weights
