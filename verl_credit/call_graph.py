@@ -10,6 +10,7 @@ Edge kinds: ``IG->AE`` (edit of a path the read saw), ``AE->RV`` (tests run afte
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -50,6 +51,19 @@ class CallGraph:
     def num_calls(self) -> int:
         return len(self.roles)
 
+    @cached_property
+    def role_table(self) -> np.ndarray:
+        """``(1 + len(ROLES), num_calls)`` float64: ``deg_i`` then one-hot rows for IG, AE, RV.
+
+        Cached (graphs are immutable), so batching many call graphs is one copy per graph.
+        """
+        table = np.zeros((1 + len(ROLES), self.num_calls), dtype=np.float64)
+        table[0] = self.out_degree()
+        for position, role in enumerate(self.roles):
+            table[1 + ROLES.index(role), position] = 1.0
+        table.setflags(write=False)
+        return table
+
     def out_degree(self) -> np.ndarray:
         """``deg_i``: outgoing causal edges per call, shape ``(num_calls,)``."""
         degree = np.zeros(self.num_calls, dtype=np.float64)
@@ -73,5 +87,8 @@ class CallGraph:
         return cls(
             roles=tuple(raw["roles"]),
             ambiguous=tuple(bool(a) for a in raw.get("ambiguous", [False] * len(raw["roles"]))),
-            edges=tuple(CallEdge(int(e["src"]), int(e["dst"]), str(e["kind"]), str(e.get("unit", ""))) for e in raw.get("edges", [])),
+            edges=tuple(
+                CallEdge(int(e["src"]), int(e["dst"]), str(e["kind"]), str(e.get("unit", "")))
+                for e in raw.get("edges", [])
+            ),
         )

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -96,6 +97,18 @@ class InfluenceGraph:
         for mark in self.errors:
             indicator[mark.action] = 1.0
         return indicator
+
+    @cached_property
+    def degree_table(self) -> np.ndarray:
+        """``(4, num_actions)`` float64 rows ``d_plus, d_minus, d_in, e``, computed once per graph.
+
+        Graphs are immutable, so the table is cached (and travels with the pickled graph, e.g.
+        from the agent loop to the trainer): batching many graphs is then one copy per graph.
+        """
+        d_plus, d_minus, d_in = self.degrees()
+        table = np.stack([d_plus, d_minus, d_in, self.error_indicator()])
+        table.setflags(write=False)
+        return table
 
     def degrees(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(d_plus, d_minus, d_in)`` of shape ``(num_actions,)`` each (DESIGN.md section 3).

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -61,70 +62,45 @@ class BatchCredit:
 
 def pad_lengths(lengths: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     """Ragged per-action lengths -> ``(B, T)`` float64 lengths and ``(B,)`` action counts."""
-    counts = [len(row) for row in lengths]
-    width = max(counts, default=0)
-    padded = np.zeros((len(lengths), max(width, 1)), dtype=np.float64)
-    for row, values in enumerate(lengths):
-        padded[row, : len(values)] = values
-    return torch.from_numpy(padded), torch.tensor(counts, dtype=torch.long)
+    counts = np.fromiter((len(row) for row in lengths), dtype=np.int64, count=len(lengths))
+    width = max(int(counts.max(initial=0)), 1)
+    present = np.arange(width)[None, :] < counts[:, None]
+    padded = np.zeros((len(lengths), width), dtype=np.float64)
+    padded[present] = np.fromiter(chain.from_iterable(lengths), dtype=np.float64, count=int(counts.sum()))
+    return torch.from_numpy(padded), torch.from_numpy(counts)
 
 
 def pad_influence_graphs(graphs: Sequence[InfluenceGraph], width: int) -> dict[str, torch.Tensor]:
     """Stack graph degrees into ``(B, width)`` float64 tensors: d_plus, d_minus, d_in, errors.
 
-    One pass collects every edge of the batch into flat index arrays; the counting itself is a
-    vectorized ``np.add.at``.
+    Uses each graph's cached :attr:`InfluenceGraph.degree_table` (one copy per graph).
     """
-    batch = len(graphs)
-    rows, srcs, dsts, plus = [], [], [], []
-    error_rows, error_actions, direct_rows, direct_actions, direct_counts = [], [], [], [], []
+    table = np.zeros((4, len(graphs), width), dtype=np.float64)
     for row, graph in enumerate(graphs):
         if graph.num_actions > width:
             raise ValueError(f"graph {row} has {graph.num_actions} actions, more than the batch width {width}")
-        for edge in graph.edges:
-            rows.append(row)
-            srcs.append(edge.src)
-            dsts.append(edge.dst)
-            plus.append(edge.sign == "+")
-        for mark in graph.errors:
-            error_rows.append(row)
-            error_actions.append(mark.action)
-        for action, count in graph.direct_user_inputs:
-            direct_rows.append(row)
-            direct_actions.append(action)
-            direct_counts.append(count)
-    d_plus = np.zeros((batch, width))
-    d_minus = np.zeros((batch, width))
-    d_in = np.zeros((batch, width))
-    errors = np.zeros((batch, width))
-    if rows:
-        row_index, src, dst = np.asarray(rows), np.asarray(srcs), np.asarray(dsts)
-        is_plus = np.asarray(plus, dtype=bool)
-        np.add.at(d_plus, (row_index[is_plus], src[is_plus]), 1.0)
-        np.add.at(d_in, (row_index[is_plus], dst[is_plus]), 1.0)
-        np.add.at(d_minus, (row_index[~is_plus], src[~is_plus]), 1.0)
-    if error_rows:
-        errors[np.asarray(error_rows), np.asarray(error_actions)] = 1.0
-    if direct_rows:
-        np.add.at(d_in, (np.asarray(direct_rows), np.asarray(direct_actions)), np.asarray(direct_counts, dtype=np.float64))
-    return {name: torch.from_numpy(value) for name, value in
-            (("d_plus", d_plus), ("d_minus", d_minus), ("d_in", d_in), ("errors", errors))}
+        table[:, row, : graph.num_actions] = graph.degree_table
+    return {name: torch.from_numpy(table[k]) for k, name in enumerate(("d_plus", "d_minus", "d_in", "errors"))}
 
 
 def pad_call_graphs(graphs: Sequence[CallGraph], width: int, omega: dict[str, float]) -> dict[str, torch.Tensor]:
-    """Stack call graphs into ``(B, width)`` float64 tensors: omega, out_degree, valid, one-hot roles."""
-    batch = len(graphs)
-    out = {name: np.zeros((batch, width)) for name in ("omega", "out_degree", "valid", *ROLES)}
+    """Stack call graphs into ``(B, width)`` float64 tensors: omega, out_degree, valid, one-hot roles.
+
+    Uses each graph's cached :attr:`CallGraph.role_table` (one copy per graph).
+    """
+    table = np.zeros((1 + len(ROLES), len(graphs), width), dtype=np.float64)
     for row, graph in enumerate(graphs):
-        count = graph.num_calls
-        if count > width:
-            raise ValueError(f"call graph {row} has {count} calls, more than the batch width {width}")
-        out["valid"][row, :count] = 1.0
-        out["out_degree"][row, :count] = graph.out_degree()
-        for position, role in enumerate(graph.roles):
-            out["omega"][row, position] = omega[role]
-            out[role][row, position] = 1.0
-    return {name: torch.from_numpy(value) for name, value in out.items()}
+        if graph.num_calls > width:
+            raise ValueError(f"call graph {row} has {graph.num_calls} calls, more than the batch width {width}")
+        table[:, row, : graph.num_calls] = graph.role_table
+    one_hot = table[1:]
+    out = {
+        "out_degree": table[0],
+        "valid": one_hot.sum(axis=0),
+        "omega": np.tensordot(np.array([omega[role] for role in ROLES]), one_hot, axes=1),
+    }
+    out.update({role: one_hot[k] for k, role in enumerate(ROLES)})
+    return {name: torch.from_numpy(np.ascontiguousarray(value)) for name, value in out.items()}
 
 
 def compute_batch_credit(
@@ -163,9 +139,17 @@ def compute_batch_credit(
         degrees = pad_influence_graphs(graphs, width)
         cfg = config.iapo
         routed = compute_iapo_weights(
-            advantage.to(torch.float64), degrees["d_plus"], degrees["d_minus"], degrees["d_in"], degrees["errors"],
-            padded_lengths, beta_plus=cfg.beta_plus, clip_c=cfg.clip_c, neg_route=cfg.neg_route,  # type: ignore[arg-type]
-            beta_minus=cfg.beta_minus, eps=cfg.eps,
+            advantage.to(torch.float64),
+            degrees["d_plus"],
+            degrees["d_minus"],
+            degrees["d_in"],
+            degrees["errors"],
+            padded_lengths,
+            beta_plus=cfg.beta_plus,
+            clip_c=cfg.clip_c,
+            neg_route=cfg.neg_route,  # type: ignore[arg-type]
+            beta_minus=cfg.beta_minus,
+            eps=cfg.eps,
         )
         weight = routed.pop("weight")
         extras = {**routed, "errors": degrees["errors"]}
@@ -205,8 +189,9 @@ def route_token_advantages(
 ) -> torch.Tensor:
     """Token advantages ``A_tau * w_i`` for training rows.
 
-    Computed as ``A_tau (row dtype) * w_i (cast to the row dtype)`` so that ``w = 1`` reproduces
-    verl's GRPO tensor (``A * response_mask``) bit-for-bit.
+    Each action's value is ``A_tau * w_i`` in the row dtype and tokens outside spans get
+    ``A_tau * 0``, exactly the products verl's GRPO forms (``A * response_mask``), so ``w = 1``
+    reproduces verl's tensor bit-for-bit (signed zeros included). Tokens copy these values.
 
     Args:
         credit: the batch's per-trajectory credit.
@@ -217,7 +202,8 @@ def route_token_advantages(
     Returns:
         ``(rows, R)`` advantages, 0 outside action spans.
     """
-    row_weights = credit.weight.to(dtype)[row_trajectory]
-    token_weights = scatter_action_values_to_tokens(row_weights, span_action, span_start, span_end, response_length)
     row_advantage = credit.trajectory_advantage.to(dtype)[row_trajectory]
-    return row_advantage.unsqueeze(-1) * token_weights
+    action_values = row_advantage.unsqueeze(-1) * credit.weight.to(dtype)[row_trajectory]
+    return scatter_action_values_to_tokens(
+        action_values, span_action, span_start, span_end, response_length, gap_values=row_advantage * 0.0
+    )

@@ -143,7 +143,9 @@ class Trajectory:
         call_owner: dict[str, int] = {}
         last_tool_action: int | None = None
         last_asking_action: int | None = None  # cleared once a user message consumed it
-        assistant_positions = [i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "assistant"]
+        assistant_positions = [
+            i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "assistant"
+        ]
         if action_token_lengths is not None:
             _check_lengths(action_token_lengths, len(assistant_positions))
 
@@ -317,5 +319,7 @@ def _parse_tool_calls(raw: Any, where: str) -> tuple[ToolCall, ...]:
         else:
             raise TrajectoryError(f"{call_where}.function.arguments", "expected a JSON string or an object")
         call_id = call.get("id")
-        calls.append(ToolCall(str(call_id) if call_id is not None else None, function["name"], arguments, raw_arguments, valid))
+        calls.append(
+            ToolCall(str(call_id) if call_id is not None else None, function["name"], arguments, raw_arguments, valid)
+        )
     return tuple(calls)

@@ -95,7 +95,11 @@ def fuse_token_advantages(grpo_tokens: torch.Tensor, call_tokens: torch.Tensor, 
 
 
 def compute_reward_hacking_rate(
-    reward: torch.Tensor, action_advantage: torch.Tensor, lengths: torch.Tensor, is_ig: torch.Tensor, is_ae: torch.Tensor,
+    reward: torch.Tensor,
+    action_advantage: torch.Tensor,
+    lengths: torch.Tensor,
+    is_ig: torch.Tensor,
+    is_ae: torch.Tensor,
     margin: float = 0.10,
 ) -> tuple[float, int]:
     """``credit/reward_hacking_rate``: among successful trajectories (``R > 0``) that have both IG

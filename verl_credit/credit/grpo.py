@@ -6,9 +6,10 @@ A group of one sample has ``mu = 0, sigma = 1``; ``norm_adv_by_std_in_grpo=False
 division (Dr.GRPO).
 
 verl loops over rows; here the per-group statistics are computed with exactly the same torch
-calls on exactly the same tensors (``torch.stack`` of the group's scores, then ``torch.mean`` and
-``torch.std``), and the per-row arithmetic is the same elementwise subtract/add/divide, so the
-result is bit-identical in fp32 (a test imports verl's function and compares).
+calls on tensors with exactly the same values (the group's scores as one 1-D tensor, then
+``torch.mean`` and ``torch.std``), and the per-row arithmetic is the same elementwise
+subtract/add/divide, vectorized, so the result is bit-identical in fp32 (a test imports verl's
+function and compares).
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ import torch
 __all__ = ["compute_group_statistics", "compute_grpo_trajectory_advantage"]
 
 
-def compute_group_statistics(scores: torch.Tensor, index: Sequence[Any] | np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+def compute_group_statistics(
+    scores: torch.Tensor, index: Sequence[Any] | np.ndarray
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row group mean and std.
 
     Args:
@@ -42,8 +45,8 @@ def compute_group_statistics(scores: torch.Tensor, index: Sequence[Any] | np.nda
             mean[rows[0]] = 0.0
             std[rows[0]] = 1.0
             continue
-        group_scores = torch.stack([scores[row] for row in rows])
         rows_tensor = torch.tensor(rows)
+        group_scores = scores[rows_tensor]  # same values as verl's torch.stack of scalars
         mean[rows_tensor] = torch.mean(group_scores)
         std[rows_tensor] = torch.std(group_scores)
     return mean, std

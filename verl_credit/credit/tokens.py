@@ -10,47 +10,67 @@ Notation:
 A row may hold any subset of its trajectory's actions (merged layout: all of them; per-request
 layout: the one action of that request), so a span names its action explicitly.
 
-Vectorized: one cumulative sum assigns every token to the span that covers it; no Python loop
-over tokens or spans.
+Vectorized: every row is cut into ``2S + 1`` segments (gap, span, gap, ..., gap) whose lengths
+come from the span offsets, and one ``np.repeat`` writes each segment's value over its tokens.
+Values are *copied*, never recomputed per token, so a weight of exactly 1 reproduces the
+per-action value bit-for-bit; this is one pass over the output (as fast as verl's own
+``A * response_mask``, see BENCHMARKS.md). Tensors are CPU tensors (verl's trainer holds the
+batch on CPU at advantage time).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from itertools import chain
+
+import numpy as np
 import torch
 
-__all__ = ["scatter_action_values_to_tokens", "spans_from_response_mask", "token_span_index"]
+__all__ = [
+    "pad_spans",
+    "scatter_action_values_to_tokens",
+    "spans_from_response_mask",
+    "token_span_index",
+]
 
 
-def token_span_index(span_start: torch.Tensor, span_end: torch.Tensor, response_length: int) -> torch.Tensor:
-    """For every token, the index of the span that covers it, or -1.
+def _span_segments(
+    span_action: np.ndarray, span_start: np.ndarray, span_end: np.ndarray, response_length: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each row as ``2S + 1`` consecutive segments ``gap, span_0, gap, span_1, ..., gap``.
 
-    Args:
-        span_start, span_end: ``(B, S)`` sorted, disjoint, half-open spans (padding: 0, 0).
-        response_length: R.
-
-    Returns:
-        ``(B, R)`` long tensor.
+    Returns ``(segment_kind, segment_length)``, each ``(B, 2S + 1)``: kind ``k + 1`` for span ``k``
+    and 0 for a gap; padding spans (``span_action < 0``) become empty segments.
     """
-    batch, _ = span_start.shape
-    starts = torch.zeros(batch, response_length + 1, dtype=torch.long, device=span_start.device)
-    ends = torch.zeros_like(starts)
-    real = span_end > span_start
-    # Every non-empty span marks its start (+1) and its end (+1 in a separate counter).
-    starts.scatter_add_(1, span_start.long(), real.long())
-    ends.scatter_add_(1, span_end.long(), real.long())
-    opened = starts.cumsum(dim=1)[:, :response_length]
-    closed = ends.cumsum(dim=1)[:, :response_length]
-    inside = opened > closed
-    # Index among non-empty spans -> index among all spans (empty/padding spans are skipped).
-    nonempty_rank = real.long().cumsum(dim=1) - 1  # (B, S): rank of each span among non-empty ones
-    rank_to_span = torch.full_like(span_start, -1, dtype=torch.long)
-    span_ids = torch.arange(span_start.shape[1], device=span_start.device).expand_as(span_start)
-    safe_rank = torch.where(real, nonempty_rank, torch.full_like(nonempty_rank, span_start.shape[1]))
-    rank_to_span = torch.cat([rank_to_span, rank_to_span[:, :1]], dim=1)
-    rank_to_span.scatter_(1, safe_rank, torch.where(real, span_ids, -1))
-    rank = (opened - 1).clamp_min(0)
-    covering = rank_to_span.gather(1, rank)
-    return torch.where(inside, covering, torch.full_like(covering, -1))
+    padding = span_action < 0
+    # padding spans sit after the real ones: pin them to the last real end (empty, no gap)
+    real_end = np.where(padding, 0, span_end)
+    last_end = np.maximum.accumulate(real_end, axis=1)
+    start = np.where(padding, last_end, span_start)
+    end = np.where(padding, last_end, span_end)
+    previous_end = np.concatenate([np.zeros_like(end[:, :1]), end[:, :-1]], axis=1)
+    batch, width = start.shape
+    lengths = np.empty((batch, 2 * width + 1), dtype=np.int64)
+    lengths[:, 0:-1:2] = start - previous_end
+    lengths[:, 1::2] = end - start
+    lengths[:, -1] = response_length - (end[:, -1] if width else 0)
+    kinds = np.zeros((batch, 2 * width + 1), dtype=np.int64)
+    kinds[:, 1::2] = np.arange(1, width + 1)
+    return kinds, lengths
+
+
+def token_span_index(
+    span_start: torch.Tensor, span_end: torch.Tensor, response_length: int, span_action: torch.Tensor | None = None
+) -> torch.Tensor:
+    """For every token, the index of the span that covers it, or -1. Shapes ``(B, S)`` -> ``(B, R)``.
+
+    ``span_action`` marks padding spans (< 0); by default spans with ``start = end = 0`` are padding.
+    """
+    if span_action is None:
+        span_action = torch.where((span_start == 0) & (span_end == 0), -1, 0)
+    kinds, lengths = _span_segments(span_action.numpy(), span_start.numpy(), span_end.numpy(), response_length)
+    flat = np.repeat(kinds.ravel(), lengths.ravel())
+    return torch.from_numpy(flat.reshape(span_start.shape[0], response_length) - 1)
 
 
 def scatter_action_values_to_tokens(
@@ -59,23 +79,60 @@ def scatter_action_values_to_tokens(
     span_start: torch.Tensor,
     span_end: torch.Tensor,
     response_length: int,
+    gap_values: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Token tensor whose value on every token of a span is its action's value; 0 elsewhere.
+    """Token tensor whose value on every token of a span is its action's value.
 
     Args:
-        action_values: ``(B, T)``.
-        span_action, span_start, span_end: ``(B, S)`` (see module notation).
+        action_values: ``(B, T)`` (CPU).
+        span_action, span_start, span_end: ``(B, S)`` (see module notation). Spans that overlap,
+            are unsorted, or leave the response raise ``ValueError``.
         response_length: R.
+        gap_values: ``(B,)`` value of tokens outside every span (default 0).
 
     Returns:
-        ``(B, R)`` tensor with ``action_values``' dtype.
+        ``(B, R)`` tensor with ``action_values``' dtype. Values are copied (``np.repeat`` of the
+        per-segment values), never recomputed per token.
     """
-    span_of_token = token_span_index(span_start, span_end, response_length)
-    inside = span_of_token >= 0
-    action_of_token = span_action.long().gather(1, span_of_token.clamp_min(0))
-    inside = inside & (action_of_token >= 0)
-    values = action_values.gather(1, action_of_token.clamp_min(0))
-    return torch.where(inside, values, torch.zeros_like(values))
+    batch = action_values.shape[0]
+    if gap_values is None:
+        gap_values = torch.zeros(batch, dtype=action_values.dtype)
+    span_values = action_values.gather(1, span_action.long().clamp_min(0))  # (B, S)
+    action = span_action.numpy()
+    kinds, lengths = _span_segments(action, span_start.numpy(), span_end.numpy(), response_length)
+    segment_values = np.empty(kinds.shape, dtype=span_values.numpy().dtype)
+    segment_values[:] = gap_values.numpy()[:, None]
+    segment_values[:, 1::2] = np.where(action >= 0, span_values.numpy(), gap_values.numpy()[:, None])
+    if (lengths < 0).any():
+        raise ValueError("token spans must be sorted, disjoint and within the response length")
+    flat = np.repeat(segment_values.ravel(), lengths.ravel())
+    if flat.size != batch * response_length:
+        raise ValueError(f"token spans do not tile responses of length {response_length}")
+    return torch.from_numpy(flat.reshape(batch, response_length))
+
+
+def pad_spans(
+    spans: Sequence[Sequence[tuple[int, int]]], actions: Sequence[Sequence[int]] | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Ragged per-row span lists -> ``(span_action, span_start, span_end)``, each ``(B, S)``.
+
+    ``actions[row][k]`` is the action index of span ``k`` (default: ``k``, the merged layout).
+    Built with one flat copy per field (no per-row tensor work).
+    """
+    counts = np.fromiter((len(row) for row in spans), dtype=np.int64, count=len(spans))
+    width = max(int(counts.max(initial=0)), 1)
+    present = np.arange(width)[None, :] < counts[:, None]
+    total = int(counts.sum())
+    flat = np.fromiter(chain.from_iterable(chain.from_iterable(spans)), dtype=np.int64, count=2 * total)
+    starts = np.zeros((len(spans), width), dtype=np.int64)
+    ends = np.zeros((len(spans), width), dtype=np.int64)
+    starts[present], ends[present] = flat[0::2], flat[1::2]
+    span_action = np.full((len(spans), width), -1, dtype=np.int64)
+    if actions is None:
+        span_action[present] = np.nonzero(present)[1]
+    else:
+        span_action[present] = np.fromiter(chain.from_iterable(actions), dtype=np.int64, count=total)
+    return torch.from_numpy(span_action), torch.from_numpy(starts), torch.from_numpy(ends)
 
 
 def spans_from_response_mask(response_mask: torch.Tensor) -> list[list[tuple[int, int]]]:

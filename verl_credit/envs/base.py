@@ -29,8 +29,8 @@ from typing import Any
 
 __all__ = [
     "ENVIRONMENTS",
-    "EpisodeStart",
     "Environment",
+    "EpisodeStart",
     "ToolResult",
     "UserTurn",
     "build_environment",

@@ -1,0 +1,123 @@
+"""``verl-credit route`` on the shipped example and on malformed inputs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from verl_credit.cli.main import main
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "rollouts.jsonl"
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("estimator", ["iapo", "grpo", "call_credit"])
+def test_route_example(tmp_path: Path, estimator: str, capsys) -> None:
+    out = tmp_path / "credit.jsonl"
+    assert main(["route", "--input", str(EXAMPLE), "--out", str(out), "--estimator", estimator]) == 0
+    records = read_jsonl(out)
+    rollouts = read_jsonl(EXAMPLE)
+    assert [r["id"] for r in records] == [r["id"] for r in rollouts]
+    for record, rollout in zip(records, rollouts, strict=True):
+        assert record["estimator"] == estimator
+        lengths = [a["length"] for a in record["actions"]]
+        assert lengths == rollout["action_token_lengths"]
+        weights = [a["weight"] for a in record["actions"]]
+        # mass conservation and A * w per action
+        assert sum(length * w for length, w in zip(lengths, weights, strict=True)) == pytest.approx(
+            sum(lengths), rel=1e-6
+        )
+        for action in record["actions"]:
+            assert action["advantage"] == pytest.approx(record["trajectory_advantage"] * action["weight"], rel=1e-6)
+        if estimator == "grpo":
+            assert weights == [1.0] * len(weights)
+        if estimator == "call_credit":
+            assert all(a["role"] in ("IG", "AE", "RV", None) for a in record["actions"])
+    summary = capsys.readouterr().out
+    assert f"wrote {len(rollouts)} trajectories" in summary
+    assert "w+ std" in summary
+
+
+def test_route_uses_given_graph(tmp_path: Path) -> None:
+    out = tmp_path / "credit.jsonl"
+    assert main(["route", "--input", str(EXAMPLE), "--out", str(out)]) == 0
+    given = next(r for r in read_jsonl(out) if r["id"] == "t4")
+    expected_edges = next(r for r in read_jsonl(EXAMPLE) if r["id"] == "t4")["graph"]["edges"]
+    assert [(e["src"], e["dst"]) for e in given["graph"]["edges"]] == [(e["src"], e["dst"]) for e in expected_edges]
+    # t4 succeeded in its group: action 2 (most support in/out) gets the largest weight
+    weights = [a["weight"] for a in given["actions"]]
+    assert given["trajectory_advantage"] > 0
+    assert max(weights) == weights[2] and weights[2] > 1.0
+
+
+def test_route_flags_reach_the_math(tmp_path: Path) -> None:
+    narrow, wide = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    assert main(["route", "--input", str(EXAMPLE), "--out", str(narrow), "--clip-c", "0.1"]) == 0
+    assert main(["route", "--input", str(EXAMPLE), "--out", str(wide), "--clip-c", "1.0"]) == 0
+    spread = [max(a["weight"] for a in r["actions"]) for r in read_jsonl(narrow) if r["id"] == "t4"]
+    spread_wide = [max(a["weight"] for a in r["actions"]) for r in read_jsonl(wide) if r["id"] == "t4"]
+    assert spread_wide[0] > spread[0]
+
+
+def write_lines(path: Path, lines: list[str]) -> Path:
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+GOOD = EXAMPLE.read_text().splitlines()[0]
+
+
+@pytest.mark.parametrize(
+    ("lines", "message"),
+    [
+        ([GOOD, "{not json"], ":2: bad JSON"),
+        (
+            [GOOD, json.dumps({k: v for k, v in json.loads(GOOD).items() if k != "reward"})],
+            ":2: field 'reward': missing",
+        ),
+        (
+            [json.dumps({**json.loads(GOOD), "action_token_lengths": [1, -3, 2, 2]})],
+            ":1: field 'action_token_lengths[1]': negative token length -3",
+        ),
+        (
+            [json.dumps({**json.loads(GOOD), "action_token_lengths": [1, 2]})],
+            ":1: field 'action_token_lengths': has 2 entries but the transcript has 4 assistant messages",
+        ),
+        ([json.dumps({k: v for k, v in json.loads(GOOD).items() if k != "messages"})], ":1: field 'messages': missing"),
+    ],
+)
+def test_malformed_input_one_line_error(tmp_path: Path, capsys, lines: list[str], message: str) -> None:
+    path = write_lines(tmp_path / "bad.jsonl", lines)
+    assert main(["route", "--input", str(path), "--out", str(tmp_path / "o.jsonl"), "--estimator", "grpo"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert str(path) + message in err
+
+
+def test_malformed_graph_is_repaired_and_counted_not_raised(tmp_path: Path, capsys) -> None:
+    record = json.loads(GOOD)
+    record["graph"] = {
+        "num_actions": 4,
+        "edges": [
+            {"src": 3, "dst": 1, "sign": "+", "type": "input"},
+            {"src": 0, "dst": 2, "sign": "+", "type": "input"},
+        ],
+    }
+    broken = dict(json.loads(GOOD), id="t-broken", graph="{{{")
+    path = write_lines(tmp_path / "g.jsonl", [json.dumps(record), json.dumps(broken)])
+    out = tmp_path / "o.jsonl"
+    assert main(["route", "--input", str(path), "--out", str(out)]) == 0
+    first, second = read_jsonl(out)
+    assert first["repaired_edges"] == 1 and not first["fallback"]
+    assert second["fallback"] and second["graph"]["edges"] == []
+    assert "fallback rate" in capsys.readouterr().out
+
+
+def test_missing_file(tmp_path: Path, capsys) -> None:
+    assert main(["route", "--input", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "o.jsonl")]) == 2
+    assert "cannot open" in capsys.readouterr().err
