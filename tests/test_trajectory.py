@@ -83,6 +83,12 @@ def test_asks_user() -> None:
     assert asks_user("Please confirm the new address.")
     assert not asks_user("Your refund is complete.")
     assert not asks_user("")
+    # generic offers ask nothing specific; "provide"/"confirm" only count in a request form
+    assert not asks_user("Hello! How can I help you today?")
+    assert not asks_user("Is there anything else I can help you with?")
+    assert not asks_user("I can provide a refund to your card.")
+    assert asks_user("Could you confirm the order id?")
+    assert asks_user("Done. Anything else? Also, which option do you prefer: A or B?")
 
 
 def test_whitespace_fallback_lengths() -> None:

@@ -38,11 +38,17 @@ __all__ = [
 
 VALID_ROLES = ("system", "user", "assistant", "tool")
 
-# A user turn is "elicited" only by assistant text that asks for something.
+# A user turn is "elicited" only by assistant text that asks for something specific: a question
+# or a request ("please provide ...", "could you confirm ..."). Generic help offers in greetings
+# and closings ("How can I help you today?", "Anything else?") ask for nothing in particular.
 _ASK_PATTERN = re.compile(
-    r"\?|\b(please (provide|confirm|share|let me know|tell|choose|select|specify|send)|"
-    r"could you|can you|would you|do you|shall i|should i|let me know|which (one|option)|"
-    r"confirm|provide)\b",
+    r"\?|\b(please (provide|confirm|share|tell|choose|select|specify|send|let me know)|"
+    r"could you|can you|would you|do you|shall i|should i|which (one|option))\b",
+    re.IGNORECASE,
+)
+_GENERIC_OFFER_PATTERN = re.compile(
+    r"(how (can|may) i (help|assist)|anything else|let me know if you need|is there something else|"
+    r"what can i do for you)",
     re.IGNORECASE,
 )
 
@@ -239,8 +245,13 @@ _RECORD_KEYS = ("id", "uid", "reward", "messages", "action_token_lengths", "grap
 
 
 def asks_user(text: str) -> bool:
-    """True when assistant text addresses the user with a question or a request."""
-    return bool(text) and bool(_ASK_PATTERN.search(text))
+    """True when assistant text asks the user something specific (a question or a request).
+
+    A generic help offer ("How can I help you today?", "Anything else I can do?") does not count:
+    the user's next turn is then an unelicited (direct) input.
+    """
+    sentences = re.split(r"(?<=[.!?])\s+", text.strip()) if text else []
+    return any(_ASK_PATTERN.search(s) and not _GENERIC_OFFER_PATTERN.search(s) for s in sentences)
 
 
 def render_action_text(action: Action) -> str:

@@ -1,0 +1,790 @@
+"""The rule annotator (DESIGN.md section 5 ``rules``): provenance tracing of concrete values.
+
+No model, pure Python, deterministic. For one trajectory it produces the section 2.1 graph
+``G = (V, E+, E-, e, u)`` and passes it through :func:`verl_credit.graph.validate_graph` (the single
+source of truth for what a valid graph is).
+
+What the rules detect, in order:
+
+1. **Errors** ``e_i``:
+   ``schema_error`` -- a tool call whose arguments are not a JSON object, or (when the tool list is
+   known: the ``tools`` option or a record's ``tools`` field) an unknown tool name or a missing
+   required argument; ``tool_error`` -- a tool result that reports an error
+   (:func:`~verl_credit.annotate.rules_dialog.error_evidence`); ``user_rejection`` -- a user turn
+   that rejects the preceding action (:func:`~verl_credit.annotate.rules_dialog.is_rejection`;
+   a goal revision is not one).
+2. **Units**: every information unit bound to a tool-call argument of action ``j``
+   (:mod:`~verl_credit.annotate.rules_values`). Only tool-call actions consume units: questions,
+   proposals, reports, greetings and closings bind nothing, so they get no incoming edge.
+3. **Resolution** of each unit ``v`` of ``j`` to exactly one of:
+
+   * *failed* -- ``v`` is invalid output of an error-bearing action ``i < j`` (an argument of
+     the failing call that the error message names; the only argument of a failing call whose
+     message names none, unless the failure is a schema failure -- then the form was wrong, not
+     the value; a value the erring or rejected action introduced itself) and nothing clean (a
+     successful tool result, a user turn) re-supplied ``v`` after the error: ``-`` edge
+     ``i -> j`` (``failed_utilization``; the latest such ``i``);
+   * *sourced* -- candidate source actions ``k < j``: ``k``'s successful tool result contains
+     ``v``; a user reply elicited by ``k`` contains ``v``; or ``k`` introduced ``v`` (its text
+     or arguments are the first place ``v`` appears). Sources are chosen by greedy set cover
+     over ``j``'s units -- the source covering most of the remaining units first ("most
+     comprehensive"), ties to the earliest; each unit is covered once ("several sources only
+     for non-overlapping units"). Edge type ``input`` when a covered unit came through a user
+     reply elicited by ``k``, else ``success_utilization``;
+   * *direct* -- only an unelicited user turn (the opening request, or a reply to a greeting or
+     closing) holds ``v``: counted once in ``u_j`` (per distinct unit of ``j``; another action
+     consuming the same value counts it again in its own ``u``);
+   * *constant* -- only the system prompt or the tool list holds ``v``: nothing;
+   * *untraced* -- ``v`` appears nowhere before ``j``: nothing, and the trajectory is uncertain.
+
+4. **Retries**: a tool call with the same tool and the same arguments up to spelling
+   (:func:`~verl_credit.annotate.rules_values.canonical_call_signature`) as the latest earlier
+   identical call, when that call failed: ``-`` edge from the failing action (unit
+   ``retry <tool>``). A *corrected* retry (some argument value really differs) gets no ``-``
+   edge; the failed action keeps its error mark.
+5. **Confirmations**: a user affirmation ("yes, go ahead") of a proposal made by action ``P``:
+   the first later write call (a tool whose name does not start with a read verb such as
+   ``get``/``find``/``list``/``search``) before the next user turn gets ``+`` ``P -> j``
+   (``input``, unit ``confirmation``).
+6. **Choices**: a user reply to an action ``P`` that listed options (enumerated lines or
+   ``A or B?``) that picks one by ordinal ("the second one", "number 2") or by a word only that
+   option has (name, colour, time, ...; a tie between options is U5). The first later call that
+   acts on the chosen option gets ``+`` ``P -> j`` (``input``, unit ``choice=...``): one of its
+   argument atoms or tool-name parts is a *distinctive* atom of the option (one no other option
+   has), or an ``_``-joined argument such as ``credit_card_9922`` has all its alphabetic parts in
+   the option and one of them distinctive. When no call does, the option is a description
+   ("Green, size M"): the ids of the single smallest tool-result record holding all its
+   distinctive atoms (the variant ``"2003"``) are looked up instead. The chosen entry's ids
+   still trace to their tool source by rule 3.
+
+Edges with the same ``(src, dst, sign)`` are merged (units joined with ``"; "``; ``input`` wins
+over ``success_utilization``).
+
+``uncertain`` (the hybrid annotator escalates these to the LLM) is set when, and only when:
+
+* U1 ``untraced`` -- a tool-call argument unit appears nowhere before its action (computed,
+  paraphrased or hallucinated value);
+* U2 ``tie`` -- set cover picked a source while another action with the same coverage supplies
+  the same unit in a different way (one through a user reply, the other through a tool result
+  or by introducing it; a tool result that echoes its own call's argument does not count);
+  ties between two tool results or two replies are resolved by "earliest" without doubt;
+* U3 ``unparseable`` -- a tool call's arguments are not a JSON object;
+* U4 ``unconsumed reply`` -- a user reply elicited by a question, with substantive content
+  (not an affirmation, rejection, polite decline or resolved choice), none of whose units any
+  later tool call uses, while a later tool call exists;
+* U5 ``choice`` -- a reply picks among listed options but the option is ambiguous, or no later
+  call uses the chosen option;
+* U6 ``ambiguous failure`` -- a later call reuses an argument of a failing multi-argument call
+  whose error message names none of its arguments (which value was wrong is unknown);
+* U7 ``exception`` -- the rules themselves failed on odd content; the graph is then the
+  uniform fallback (``validation.fallback = True``, the exception noted and counted).
+
+Known limits: values are matched literally up to the normalisation above (no paraphrase, no
+arithmetic, no "May 3rd" == "2024-05-03"); a text-only action never consumes anything; a
+rejection marks the action right before the user turn (not an earlier write it reports); the
+dialogue-act patterns are English.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from verl_credit.annotate.base import AnnotationResult, Annotator, register_annotator
+from verl_credit.annotate.rules_dialog import (
+    error_evidence,
+    is_affirmation,
+    is_generic_offer,
+    is_polite_decline,
+    is_proposal,
+    is_rejection,
+    ordinal_choice,
+    parse_options,
+)
+from verl_credit.annotate.rules_values import (
+    STOPWORDS,
+    TRIVIAL_VALUES,
+    ArgUnit,
+    IndexedText,
+    atomize,
+    canonical_call_signature,
+    extract_units,
+    extract_units_from_raw,
+    is_entity_atom,
+)
+from verl_credit.graph import GraphValidation, InfluenceGraph, validate_graph
+from verl_credit.trajectory import Action, Observation, ToolCall, Trajectory
+
+__all__ = ["RULES_VERSION", "RuleAnnotator", "RuleTrace", "annotate_rules", "trace_rules"]
+
+logger = logging.getLogger(__name__)
+
+#: bump when the rules change what they output (part of cache keys)
+RULES_VERSION = "rules-1"
+
+READ_VERBS = frozenset(
+    "get find list search lookup look check view read fetch query show calculate compute verify think describe "
+    "count retrieve browse".split()
+)
+MAX_UNIT_CHARS = 200
+
+# candidate kinds: how an action k supplies a unit to a later action
+_TOOL, _ECHO, _REPLY, _ORIGIN = "tool", "tool_echo", "reply", "origin"
+
+
+@dataclass
+class RuleTrace:
+    """What the rules found for one trajectory, before validation.
+
+    ``raw_graph`` is the section 2.1 JSON; ``uncertain_reasons`` lists why the trajectory is
+    uncertain (empty when it is not), each reason prefixed with its criterion (``U1`` .. ``U6``).
+    """
+
+    raw_graph: dict[str, Any]
+    uncertain_reasons: list[str] = field(default_factory=list)
+
+    @property
+    def uncertain(self) -> bool:
+        return bool(self.uncertain_reasons)
+
+
+@dataclass
+class _Taint:
+    action: int
+    key: str
+    evidence_message: int
+
+
+class _Tracer:
+    """One pass of the rules over one trajectory (state shared by the steps)."""
+
+    def __init__(self, trajectory: Trajectory, tools: Sequence[Mapping[str, Any]] | None):
+        self.trajectory = trajectory
+        self.actions: list[Action] = trajectory.actions
+        self.n = trajectory.num_actions
+        self.reasons: list[str] = []
+        self.errors: dict[int, tuple[str, str]] = {}
+        self.edges: dict[tuple[int, int, str], tuple[str, list[str]]] = {}
+        self.direct: dict[int, int] = {}
+        self.tool_schemas = _tool_schemas(tools if tools is not None else trajectory.extra.get("tools"))
+
+        messages = trajectory.messages
+        self.texts: list[IndexedText] = []
+        self.roles: list[str] = []
+        self.action_at: dict[int, int] = {a.message_index: a.index for a in self.actions}
+        self.observation_at: dict[int, Observation] = {o.message_index: o for o in trajectory.observations}
+        for position, message in enumerate(messages):
+            role = message.get("role", "") if isinstance(message, dict) else ""
+            self.roles.append(str(role))
+            if position in self.action_at:
+                action = self.actions[self.action_at[position]]
+                parts = [action.content, *(call.raw_arguments for call in action.tool_calls)]
+                self.texts.append(IndexedText("\n".join(parts)))
+            elif position in self.observation_at:
+                self.texts.append(IndexedText(self.observation_at[position].content))
+            else:
+                self.texts.append(IndexedText(""))
+        self.constants = IndexedText(json.dumps(self.tool_schemas.get("__raw__", []), default=str))
+
+        # call_of_result[message_index] = (action, call position) for tool results
+        self.call_of_result: dict[int, tuple[int, int]] = {}
+        self.failing_calls: dict[tuple[int, int], int] = {}  # (action, call) -> evidence message index
+        self.call_units: dict[tuple[int, int], list[ArgUnit]] = {}
+        self.action_units: list[list[ArgUnit]] = []
+        self.effective_source: dict[int, int | None] = {}
+        self.occurrence_cache: dict[str, list[int]] = {}
+        self.taints: list[_Taint] = []
+        self.ambiguous_taints: list[_Taint] = []
+        self.next_user_message: list[int] = []
+        self.resolved_choices: set[int] = set()
+        self.schema_failed: set[tuple[int, int]] = set()
+
+    # ------------------------------------------------------------------ helpers
+    def occurrences(self, unit: ArgUnit) -> list[int]:
+        """Message indices whose text contains ``unit`` (cached per unit key), ascending."""
+        cached = self.occurrence_cache.get(unit.key)
+        if cached is None:
+            cached = [m for m, text in enumerate(self.texts) if text.contains(unit)]
+            self.occurrence_cache[unit.key] = cached
+        return cached
+
+    def origin_action(self, unit: ArgUnit) -> int | None:
+        """The action whose message is the first place ``unit`` appears (None if a non-action is)."""
+        found = self.occurrences(unit)
+        if not found or self.constants.contains(unit):
+            return None
+        return self.action_at.get(found[0])
+
+    def add_error(self, action: int, kind: str, evidence: str) -> None:
+        if action not in self.errors:
+            self.errors[action] = (kind, evidence[:MAX_UNIT_CHARS])
+
+    def add_edge(self, src: int, dst: int, sign: str, edge_type: str, unit: str) -> None:
+        key = (src, dst, sign)
+        if key in self.edges:
+            old_type, units = self.edges[key]
+            if unit not in units:
+                units.append(unit)
+            if edge_type == "input":
+                old_type = "input"
+            self.edges[key] = (old_type, units)
+        else:
+            self.edges[key] = (edge_type, [unit])
+
+    def is_clean_message(self, message_index: int) -> bool:
+        """A successful tool result or a user turn (evidence that a value is fine)."""
+        role = self.roles[message_index]
+        if role == "user":
+            return True
+        if role == "tool":
+            call = self.call_of_result.get(message_index)
+            return call is None or self.failing_calls.get(call) != message_index
+        return False
+
+    # ------------------------------------------------------------------ steps
+    def run(self) -> RuleTrace:
+        self.map_tool_results()
+        self.resolve_user_provenance()
+        self.extract_units()
+        self.find_errors()
+        self.find_taints()
+        for j, action in enumerate(self.actions):
+            if action.tool_calls:
+                self.resolve_consumer(j)
+        self.find_retries()
+        self.find_confirmations()
+        self.find_choices()
+        self.find_unconsumed_replies()
+        raw = {
+            "num_actions": self.n,
+            "errors": [{"action": a, "kind": k, "evidence": e} for a, (k, e) in sorted(self.errors.items())],
+            "direct_user_inputs": {str(a): c for a, c in sorted(self.direct.items())},
+            "edges": [
+                {"src": s, "dst": d, "sign": sign, "type": t, "unit": "; ".join(units)[:MAX_UNIT_CHARS]}
+                for (s, d, sign), (t, units) in sorted(self.edges.items())
+            ],
+        }
+        return RuleTrace(raw, _dedupe_reasons(self.reasons))
+
+    def map_tool_results(self) -> None:
+        """Pair each tool result with the call that produced it (by id, else the next unanswered call)."""
+        by_id: dict[str, tuple[int, int]] = {}
+        for action in self.actions:
+            for position, call in enumerate(action.tool_calls):
+                if call.id:
+                    by_id.setdefault(call.id, (action.index, position))
+        answered: set[tuple[int, int]] = set()
+        for observation in self.trajectory.observations:
+            if observation.role != "tool" or observation.source_action is None:
+                continue
+            target = by_id.get(observation.tool_call_id or "")
+            if target is None:
+                source = observation.source_action
+                calls = self.actions[source].tool_calls
+                free = [p for p in range(len(calls)) if (source, p) not in answered]
+                target = (source, free[0] if free else 0)
+            answered.add(target)
+            self.call_of_result[observation.message_index] = target
+
+    def resolve_user_provenance(self) -> None:
+        """``Observation.source_action``, except that a greeting or closing elicits nothing."""
+        next_user = len(self.roles)
+        self.next_user_message = [len(self.roles)] * (len(self.roles) + 1)
+        for position in range(len(self.roles) - 1, -1, -1):
+            self.next_user_message[position] = next_user
+            if self.roles[position] == "user":
+                next_user = position
+        for observation in self.trajectory.observations:
+            if observation.role != "user":
+                continue
+            source = observation.source_action
+            if source is not None and is_generic_offer(self.actions[source].content):
+                source = None
+            self.effective_source[observation.message_index] = source
+
+    def extract_units(self) -> None:
+        for action in self.actions:
+            units: list[ArgUnit] = []
+            seen: set[str] = set()
+            for position, call in enumerate(action.tool_calls):
+                found = (
+                    extract_units(call.arguments, position)
+                    if call.arguments_valid
+                    else extract_units_from_raw(call.raw_arguments, position)
+                )
+                self.call_units[(action.index, position)] = found
+                for unit in found:
+                    if unit.key not in seen:
+                        seen.add(unit.key)
+                        units.append(unit)
+            self.action_units.append(units)
+
+    def find_errors(self) -> None:
+        for action in self.actions:
+            for position, call in enumerate(action.tool_calls):
+                problem = self.schema_problem(call)
+                if problem:
+                    self.add_error(action.index, "schema_error", problem)
+                    self.failing_calls.setdefault((action.index, position), action.message_index)
+                    self.schema_failed.add((action.index, position))
+                if not call.arguments_valid:
+                    self.reasons.append(f"U3 unparseable: action {action.index} call {call.name!r} arguments")
+        for message_index, (action, position) in sorted(self.call_of_result.items()):
+            message = self.trajectory.messages[message_index]
+            flagged = bool(message.get("is_error")) if isinstance(message, dict) else False
+            evidence = error_evidence(self.observation_at[message_index].content, flagged)
+            if evidence is not None:
+                self.add_error(action, "tool_error", evidence)
+                self.failing_calls[(action, position)] = message_index
+        for observation in self.trajectory.observations:
+            if observation.role != "user" or observation.after_action < 1:
+                continue
+            preceding = self.actions[observation.after_action - 1]
+            if is_rejection(observation.content, is_proposal(preceding.content)):
+                self.add_error(preceding.index, "user_rejection", observation.content)
+
+    def schema_problem(self, call: ToolCall) -> str | None:
+        if not call.arguments_valid:
+            return f"{call.name}: arguments are not a JSON object: {call.raw_arguments[:60]}"
+        if not self.tool_schemas:
+            return None
+        schema = self.tool_schemas.get(call.name)
+        if schema is None:
+            return f"unknown tool {call.name!r}"
+        required = schema.get("required") or []
+        missing = [name for name in required if isinstance(name, str) and name not in call.arguments]
+        if missing:
+            return f"{call.name}: missing required argument(s) {', '.join(missing)}"
+        return None
+
+    def find_taints(self) -> None:
+        """Invalid output of error-bearing actions (see the module docstring, rule 3 *failed*)."""
+        for (action, position), evidence_message in sorted(self.failing_calls.items()):
+            units = self.call_units.get((action, position), [])
+            if evidence_message != self.actions[action].message_index:  # a tool error message
+                error_text = self.texts[evidence_message]
+                named = [u for u in units if error_text.contains(u)]
+                if named:
+                    self.taints.extend(_Taint(action, u.key, evidence_message) for u in named)
+                elif (action, position) in self.schema_failed:
+                    continue  # the call's form was wrong, not (necessarily) its values
+                elif len(units) == 1:
+                    self.taints.append(_Taint(action, units[0].key, evidence_message))
+                else:
+                    self.ambiguous_taints.extend(_Taint(action, u.key, evidence_message) for u in units)
+        for action in sorted(self.errors):
+            message_index = self.actions[action].message_index
+            for unit in self.introduced_units(action):
+                self.taints.append(_Taint(action, unit.key, message_index))
+
+    def introduced_units(self, action: int) -> list[ArgUnit]:
+        """Units that first appear in ``action``'s own message (its arguments and entity words of its text)."""
+        candidates = list(self.action_units[action])
+        content = self.actions[action].content
+        for atom in atomize(content):
+            if is_entity_atom(atom):
+                candidates.append(ArgUnit(atom, ((atom,),), f"text={atom}", -1))
+        return [u for u in candidates if self.origin_action(u) == action]
+
+    def failed_source(self, unit: ArgUnit, consumer_message: int, taints: list[_Taint]) -> int | None:
+        """Latest error-bearing action whose invalid output ``unit`` is, unless cleanly re-supplied."""
+        found = None
+        occurrences = self.occurrences(unit)
+        for taint in taints:
+            if taint.key != unit.key or taint.evidence_message >= consumer_message:
+                continue
+            resupplied = any(
+                taint.evidence_message < m < consumer_message and self.is_clean_message(m) for m in occurrences
+            )
+            if not resupplied and (found is None or taint.action > found):
+                found = taint.action
+        return found
+
+    def candidates(self, unit: ArgUnit, consumer: int) -> tuple[dict[int, set[str]], bool, bool]:
+        """``({k: kinds}, direct, constant)`` for ``unit`` consumed by action ``consumer``."""
+        consumer_message = self.actions[consumer].message_index
+        sources: dict[int, set[str]] = {}
+        direct = False
+        occurrences = self.occurrences(unit)
+        origin = self.origin_action(unit)
+        constant = self.constants.contains(unit)
+        for m in occurrences:
+            if m >= consumer_message:
+                break
+            role = self.roles[m]
+            if role == "system":
+                constant = True
+            elif role == "assistant":
+                if origin is not None and self.action_at[m] == origin and origin < consumer:
+                    sources.setdefault(origin, set()).add(_ORIGIN)
+            elif role == "tool":
+                call = self.call_of_result.get(m)
+                if call is None or call[0] >= consumer or self.failing_calls.get(call) == m:
+                    continue
+                k = call[0]
+                echo = self.texts[self.actions[k].message_index].contains(unit)
+                sources.setdefault(k, set()).add(_ECHO if echo else _TOOL)
+            elif role == "user":
+                source = self.effective_source.get(m)
+                if source is not None and source < consumer:
+                    sources.setdefault(source, set()).add(_REPLY)
+                else:
+                    direct = True
+        return sources, direct, constant
+
+    def resolve_consumer(self, j: int) -> None:
+        """Rule 3 for every unit of action ``j``."""
+        consumer_message = self.actions[j].message_index
+        pool: dict[str, dict[int, set[str]]] = {}
+        labels: dict[str, str] = {}
+        direct_keys: set[str] = set()
+        for unit in self.action_units[j]:
+            labels[unit.key] = unit.label
+            failed = self.failed_source(unit, consumer_message, self.taints)
+            if failed is not None and failed < j:
+                self.add_edge(failed, j, "-", "failed_utilization", unit.label)
+                continue
+            ambiguous = self.failed_source(unit, consumer_message, self.ambiguous_taints)
+            if ambiguous is not None and ambiguous < j:
+                self.reasons.append(
+                    f"U6 ambiguous failure: action {j} reuses {unit.label!r} from failing call of action {ambiguous}"
+                )
+            sources, direct, constant = self.candidates(unit, j)
+            if sources:
+                pool[unit.key] = sources
+            elif direct:
+                direct_keys.add(unit.key)
+            elif not constant:
+                self.reasons.append(f"U1 untraced: action {j} argument {unit.label!r} appears nowhere before it")
+        if direct_keys:
+            self.direct[j] = self.direct.get(j, 0) + len(direct_keys)
+        remaining = set(pool)
+        while remaining:
+            coverage: dict[int, set[str]] = {}
+            for key in remaining:
+                for k in pool[key]:
+                    coverage.setdefault(k, set()).add(key)
+            best = max(len(keys) for keys in coverage.values())
+            tied = sorted(k for k, keys in coverage.items() if len(keys) == best)
+            chosen = tied[0]
+            covered = coverage[chosen]
+            for other in tied[1:]:
+                for key in sorted(covered & coverage[other]):
+                    mine, theirs = _kind_class(pool[key][chosen]), _kind_class(pool[key][other])
+                    if mine and theirs and not mine & theirs:
+                        self.reasons.append(
+                            f"U2 tie: action {j} unit {labels[key]!r} has equally good sources {chosen} and {other}"
+                            " of different kinds (user reply vs tool result)"
+                        )
+            edge_type = "input" if any(_REPLY in pool[key][chosen] for key in covered) else "success_utilization"
+            for key in sorted(covered, key=lambda k: list(labels).index(k)):
+                self.add_edge(chosen, j, "+", edge_type, labels[key])
+            remaining -= covered
+
+    def find_retries(self) -> None:
+        """Rule 4: a call identical (up to spelling) to the latest such call, which failed."""
+        latest: dict[str, tuple[int, int]] = {}
+        for action in self.actions:
+            signatures = []
+            for position, call in enumerate(action.tool_calls):
+                signature = canonical_call_signature(
+                    call.name, call.arguments, call.raw_arguments, call.arguments_valid
+                )
+                previous = latest.get(signature)
+                if previous is not None and previous[0] < action.index and previous in self.failing_calls:
+                    self.add_edge(previous[0], action.index, "-", "failed_utilization", f"retry {call.name}")
+                signatures.append((signature, (action.index, position)))
+            for signature, call_key in signatures:
+                latest[signature] = call_key
+
+    def following_actions(self, message_index: int, same_turn: bool) -> list[Action]:
+        """Actions after ``message_index`` (only up to the next user turn when ``same_turn``)."""
+        stop = self.next_user_message[message_index] if same_turn else len(self.roles)
+        return [a for a in self.actions if message_index < a.message_index < stop]
+
+    def find_confirmations(self) -> None:
+        """Rule 5: affirmation of a proposal -> the write call that executes it."""
+        for observation in self.trajectory.observations:
+            if observation.role != "user":
+                continue
+            proposer = self.effective_source.get(observation.message_index)
+            if proposer is None or not is_proposal(self.actions[proposer].content):
+                continue
+            if not is_affirmation(observation.content):
+                continue
+            for action in self.following_actions(observation.message_index, same_turn=True):
+                if any(not _is_read_tool(call.name) for call in action.tool_calls):
+                    self.add_edge(proposer, action.index, "+", "input", "confirmation")
+                    break
+
+    def find_choices(self) -> None:
+        """Rule 6: a reply that picks one of the options its eliciting action listed."""
+        for observation in self.trajectory.observations:
+            if observation.role != "user":
+                continue
+            chooser = self.effective_source.get(observation.message_index)
+            if chooser is None:
+                continue
+            options = parse_options(self.actions[chooser].content)
+            if len(options) < 2 or is_affirmation(observation.content):
+                continue
+            option_atoms = [_content_atoms(option) for option in options]
+            index = ordinal_choice(observation.content, len(options))
+            if index is None:
+                reply = set(_content_atoms(observation.content))
+                scores = [len(reply & _distinctive(option_atoms, k)) for k in range(len(options))]
+                best = max(scores)
+                if best == 0:
+                    continue
+                if scores.count(best) > 1:
+                    self.reasons.append(
+                        f"U5 choice: reply at message {observation.message_index} matches several options"
+                    )
+                    continue
+                index = scores.index(best)
+            self.resolved_choices.add(observation.message_index)
+            chosen = _distinctive(option_atoms, index)
+            consumer = self.first_call_using(chosen, set(option_atoms[index]), observation.message_index)
+            if consumer is None:  # a description ("Green, size M"): find the entry it names, use its ids
+                record_ids = self.record_ids(chosen, self.actions[chooser].message_index)
+                consumer = self.first_call_using(record_ids, record_ids, observation.message_index)
+            label = f"choice={options[index]}"
+            if consumer is None:
+                self.reasons.append(
+                    f"U5 choice: no call uses option {index + 1} chosen at message {observation.message_index}"
+                )
+                continue
+            self.add_edge(chooser, consumer, "+", "input", label[:80])
+
+    def first_call_using(self, distinctive: set[str], option: set[str], after_message: int) -> int | None:
+        """The first tool-call action after ``after_message`` that acts on an option.
+
+        A call acts on it when a unit atom or a tool-name part (``exchange_items`` -> ``exchange``)
+        is one of the option's ``distinctive`` atoms, or when an ``_``-joined unit atom's alphabetic
+        parts all occur in the ``option``'s atoms and one of them is distinctive
+        (``credit_card_9922`` acts on "credit card ending in 4481" but not on "gift card").
+        """
+        if not distinctive:
+            return None
+        for action in self.following_actions(after_message, same_turn=False):
+            if action.tool_calls and self.acts_on(action, distinctive, option):
+                return action.index
+        return None
+
+    def acts_on(self, action: Action, distinctive: set[str], option: set[str]) -> bool:
+        for unit in self.action_units[action.index]:
+            for atom in unit.key.split():
+                if atom in distinctive:
+                    return True
+                parts = {part for part in atom.split("_") if part.isalpha()}
+                if "_" in atom and parts and parts <= option and parts & distinctive:
+                    return True
+        for call in action.tool_calls:
+            if {part for part in call.name.lower().split("_") if part} & distinctive:
+                return True
+        return False
+
+    def record_ids(self, words: set[str], before_message: int) -> set[str]:
+        """Ids of the single smallest tool-result record (JSON object) holding all ``words``."""
+        if not words:
+            return set()
+        matches: list[tuple[int, frozenset[str]]] = []
+        for message_index in sorted(self.call_of_result):
+            if (
+                message_index >= before_message
+                or self.failing_calls.get(self.call_of_result[message_index]) == message_index
+            ):
+                continue
+            try:
+                parsed = json.loads(self.observation_at[message_index].content)
+            except (json.JSONDecodeError, ValueError):
+                continue
+            for size, tokens, ids in _records(parsed, None):
+                if words <= tokens and ids:
+                    matches.append((size, ids))
+        if not matches:
+            return set()
+        smallest = min(size for size, _ in matches)
+        best = {ids for size, ids in matches if size == smallest}
+        return set(next(iter(best))) if len(best) == 1 else set()
+
+    def find_unconsumed_replies(self) -> None:
+        """U4: an elicited, substantive user reply that no later tool call uses."""
+        for observation in self.trajectory.observations:
+            if observation.role != "user" or self.effective_source.get(observation.message_index) is None:
+                continue
+            text = observation.content
+            if observation.message_index in self.resolved_choices or is_affirmation(text) or is_polite_decline(text):
+                continue
+            preceding = self.actions[observation.after_action - 1] if observation.after_action else None
+            if preceding is not None and is_rejection(text, is_proposal(preceding.content)):
+                continue
+            if not [a for a in _content_atoms(text) if a not in TRIVIAL_VALUES]:
+                continue
+            later = [a for a in self.following_actions(observation.message_index, same_turn=False) if a.tool_calls]
+            if not later:
+                continue
+            reply = self.texts[observation.message_index]
+            if any(reply.contains(u) for a in later for u in self.action_units[a.index]):
+                continue
+            self.reasons.append(
+                f"U4 unconsumed reply: user message {observation.message_index} elicited by action "
+                f"{self.effective_source[observation.message_index]} is used by no later call"
+            )
+
+
+def _kind_class(kinds: set[str]) -> frozenset[str]:
+    """How a source supplies a unit, coarsely: ``user`` (elicited reply) and/or ``tool`` (a result that
+    is not an echo of the source's own argument, or the source introduced the value). Echoes count
+    as neither: a tool that returns its own argument is not an independent source."""
+    out = set()
+    if _REPLY in kinds:
+        out.add("user")
+    if kinds & {_TOOL, _ORIGIN}:
+        out.add("tool")
+    return frozenset(out)
+
+
+def _is_read_tool(name: str) -> bool:
+    head = name.lower().replace("-", "_").split("_", 1)[0]
+    return head in READ_VERBS
+
+
+def _content_atoms(text: str) -> list[str]:
+    """Atoms that can tell options apart: no stopwords, no one-character atoms, no small integers."""
+    out = []
+    for atom in atomize(text):
+        if atom in STOPWORDS or (len(atom) < 2 and not atom.isdigit()):
+            continue
+        if atom.isdigit() and len(atom) == 1:
+            continue
+        out.append(atom)
+    return out
+
+
+def _distinctive(option_atoms: list[list[str]], index: int) -> set[str]:
+    """Atoms of option ``index`` that no other option has."""
+    others: set[str] = set()
+    for k, atoms in enumerate(option_atoms):
+        if k != index:
+            others.update(atoms)
+    return set(option_atoms[index]) - others
+
+
+def _records(value: Any, parent_key: str | None) -> list[tuple[int, frozenset[str], frozenset[str]]]:
+    """``(size, tokens, ids)`` for every JSON object in ``value`` (tokens: atoms of its keys and leaves).
+
+    ``ids``: the key it sits under when that key holds a digit, plus its ``*id`` fields' values.
+    """
+    out: list[tuple[int, frozenset[str], frozenset[str]]] = []
+    if isinstance(value, dict):
+        tokens: set[str] = set()
+        ids: set[str] = set()
+        if parent_key is not None and any(ch.isdigit() for ch in parent_key):
+            ids.update(atomize(parent_key))
+        for key, item in value.items():
+            tokens.update(atomize(str(key)))
+            if isinstance(item, dict | list):
+                for size, child_tokens, child_ids in _records(item, str(key)):
+                    out.append((size, child_tokens, child_ids))
+                tokens.update(_leaf_atoms(item))
+            else:
+                leaf = atomize(str(item)) if item is not None else []
+                tokens.update(leaf)
+                if str(key).lower().endswith("id") and leaf:
+                    ids.update(leaf)
+        out.append((len(tokens), frozenset(tokens), frozenset(ids)))
+    elif isinstance(value, list):
+        for item in value:
+            out.extend(_records(item, None))
+    return out
+
+
+def _leaf_atoms(value: Any) -> set[str]:
+    atoms: set[str] = set()
+    if isinstance(value, dict):
+        for key, item in value.items():
+            atoms.update(atomize(str(key)))
+            atoms.update(_leaf_atoms(item))
+    elif isinstance(value, list):
+        for item in value:
+            atoms.update(_leaf_atoms(item))
+    elif value is not None:
+        atoms.update(atomize(str(value)))
+    return atoms
+
+
+def _tool_schemas(tools: Any) -> dict[str, Any]:
+    """``{name: parameters schema}`` from OpenAI tool specs (``{"type": "function", "function": ...}``
+    or bare function objects); ``"__raw__"`` keeps the list for constant look-ups. Malformed -> {}."""
+    if not isinstance(tools, list | tuple) or not tools:
+        return {}
+    schemas: dict[str, Any] = {}
+    for tool in tools:
+        function = tool.get("function", tool) if isinstance(tool, Mapping) else None
+        if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+            continue
+        parameters = function.get("parameters")
+        schemas[function["name"]] = parameters if isinstance(parameters, Mapping) else {}
+    if schemas:
+        schemas["__raw__"] = list(tools)
+    return schemas
+
+
+def _dedupe_reasons(reasons: list[str]) -> list[str]:
+    return list(dict.fromkeys(reasons))
+
+
+def trace_rules(trajectory: Trajectory, *, tools: Sequence[Mapping[str, Any]] | None = None) -> RuleTrace:
+    """Run the rules on one trajectory; the raw graph and the uncertainty reasons. May raise on
+    content the rules do not handle -- :func:`annotate_rules` is the never-raising entry point."""
+    return _Tracer(trajectory, tools).run()
+
+
+def annotate_rules(
+    trajectory: Trajectory, *, tools: Sequence[Mapping[str, Any]] | None = None
+) -> tuple[InfluenceGraph, GraphValidation, bool]:
+    """``(graph, validation, uncertain)`` for one trajectory; never raises.
+
+    The rules' graph goes through :func:`validate_graph`. Should the rules fail on odd content,
+    the result is the uniform graph with ``validation.fallback = True``, the exception in
+    ``validation.problems`` and ``uncertain = True`` (U7).
+    """
+    num_actions = len(getattr(trajectory, "actions", []) or [])
+    try:
+        trace = trace_rules(trajectory, tools=tools)
+    except Exception as exc:  # the contract is "never raise on odd content"
+        logger.warning("rule annotator failed on trajectory %r: %r", getattr(trajectory, "id", "?"), exc)
+        validation = GraphValidation(fallback=True)
+        validation.note(f"U7 exception: rules failed: {type(exc).__name__}: {exc}")
+        return InfluenceGraph.uniform(num_actions), validation, True
+    graph, validation = validate_graph(trace.raw_graph, num_actions)
+    return graph, validation, trace.uncertain or validation.fallback
+
+
+@register_annotator("rules")
+class RuleAnnotator(Annotator):
+    """Deterministic rule annotator (no model). See the module docstring for the exact rules.
+
+    Args:
+        tools: OpenAI tool specs used for schema checks (unknown tool, missing required argument)
+            and as constants (enum values); a record's own ``tools`` field is used when this is None.
+        concurrency: limit for :meth:`annotate_batch` (the rules are CPU-bound and fast).
+    """
+
+    version = RULES_VERSION
+
+    def __init__(self, *, tools: Sequence[Mapping[str, Any]] | None = None, concurrency: int = 16) -> None:
+        self.tools = list(tools) if tools is not None else None
+        self.concurrency = concurrency
+        self.failures = 0  # trajectories on which the rules raised and fell back to uniform
+
+    async def annotate_one(self, trajectory: Trajectory) -> AnnotationResult:
+        graph, validation, uncertain = annotate_rules(trajectory, tools=self.tools)
+        if validation.fallback and any(p.startswith("U7 exception") for p in validation.problems):
+            self.failures += 1
+            return AnnotationResult(graph, validation, "fallback:uniform", uncertain=True, error=validation.problems[0])
+        return AnnotationResult(graph, validation, "rules", uncertain=uncertain)
