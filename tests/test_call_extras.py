@@ -1,0 +1,397 @@
+"""Optional CALL-CREDIT parts (DESIGN.md section 4): RV reward, counterfactual calibration, adaptive omega,
+IG down-weighting, DPO export. Hand-computed expectations in the comments."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pytest
+import torch
+
+from verl_credit.annotate.roles import analyze_calls, build_call_graph
+from verl_credit.call_graph import CallEdge, CallGraph
+from verl_credit.credit.call_extras import (
+    AdaptiveRoleWeights,
+    AlternativeEdit,
+    CallExtrasConfig,
+    CounterfactualResult,
+    EditProposer,
+    ReplayEnvironment,
+    add_rv_reward,
+    apply_counterfactual_calibration,
+    compute_rv_rewards,
+    counterfactual_delta_matrix,
+    downweight_ig_calls,
+    estimate_counterfactual_deltas,
+    route_rv_reward_tokens,
+    run_counterfactuals,
+    rv_reward_matrix,
+    select_counterfactual_calls,
+)
+from verl_credit.dpo_export import build_dpo_pairs, counterfactual_message, write_dpo_pairs
+from verl_credit.trajectory import Trajectory
+
+# ------------------------------------------------------------------ RV self-correction reward
+
+# RV0 fails and names a.py -> AE1 edits a.py -> RV2 passes; RV3 fails, nothing fixes it.
+SELF_CORRECTING = CallGraph(
+    roles=("RV", "AE", "RV", "RV"),
+    ambiguous=(False,) * 4,
+    edges=(CallEdge(0, 1, "RV->AE", "a.py"), CallEdge(1, 2, "AE->RV", "a.py")),
+)
+STATUS = ["fail", None, "pass", "fail"]
+
+
+def test_rv_reward_self_correction() -> None:
+    reward = compute_rv_rewards(SELF_CORRECTING, STATUS, "self_correction", kappa=0.2)
+    # RV0: failed, a named path was edited (edge 0->1), an RV after the fix passed -> +kappa.
+    # RV2 passed (no failure to correct), RV3 failed and was ignored -> 0.
+    assert reward.tolist() == [0.2, 0.0, 0.0, 0.0]
+
+
+def test_rv_reward_self_correction_needs_a_later_pass() -> None:
+    reward = compute_rv_rewards(SELF_CORRECTING, ["fail", None, "fail", "fail"], "self_correction", kappa=0.2)
+    assert reward.tolist() == [0.0, 0.0, 0.0, 0.0]
+
+
+def test_rv_reward_literal_seed_formula_penalizes_the_correction() -> None:
+    reward = compute_rv_rewards(SELF_CORRECTING, STATUS, "literal", kappa=0.2)
+    # r = kappa * (1[pass] - 1[fail and bug identified]):
+    # RV0: 0.2 * (0 - 1) = -0.2 (the behaviour the seed wants to encourage is penalized); RV2: +0.2;
+    # RV3: failed but no edit followed -> 0.2 * (0 - 0) = 0.
+    assert reward.tolist() == [-0.2, 0.0, 0.2, 0.0]
+
+
+def test_rv_reward_off_and_errors() -> None:
+    assert compute_rv_rewards(SELF_CORRECTING, STATUS, "off").tolist() == [0.0] * 4
+    with pytest.raises(ValueError, match="rv_reward"):
+        compute_rv_rewards(SELF_CORRECTING, STATUS, "bonus")
+    with pytest.raises(ValueError, match="rv_status"):
+        compute_rv_rewards(SELF_CORRECTING, STATUS[:2])
+
+
+def _tool_call(call_id: str, name: str, args: dict) -> dict:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+
+
+def _fix_transcript() -> list[dict]:
+    """read -> failing test -> edit of the named file -> passing test."""
+    return [
+        {"role": "user", "content": "divide by zero crashes"},
+        {"role": "assistant", "content": "", "tool_calls": [_tool_call("r", "read_file", {"path": "calc/ops.py"})]},
+        {"role": "tool", "tool_call_id": "r", "content": "def divide(a, b):\n    return a / b\n"},
+        {"role": "assistant", "content": "", "tool_calls": [_tool_call("t1", "run_tests", {})]},
+        {
+            "role": "tool",
+            "tool_call_id": "t1",
+            "content": "FAILED tests/test_ops.py::test_zero\ncalc/ops.py:2: ZeroDivisionError\n1 failed in 0.1s",
+        },
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                _tool_call(
+                    "e",
+                    "edit_file",
+                    {"path": "calc/ops.py", "old": "    return a / b", "new": "    return a / b if b else 0.0"},
+                )
+            ],
+        },
+        {"role": "tool", "tool_call_id": "e", "content": "--- a/calc/ops.py\n+++ b/calc/ops.py\n@@ -2 +2 @@"},
+        {"role": "assistant", "content": "", "tool_calls": [_tool_call("t2", "run_tests", {})]},
+        {"role": "tool", "tool_call_id": "t2", "content": "...\n3 passed in 0.1s"},
+    ]
+
+
+def test_rv_reward_end_to_end_from_a_transcript() -> None:
+    trajectory = Trajectory.from_messages(_fix_transcript(), reward=1.0, action_token_lengths=[3, 2, 5, 2])
+    graph = build_call_graph(trajectory)
+    status = [f.rv_status for f in analyze_calls(trajectory)]
+    assert graph.roles == ("IG", "RV", "AE", "RV") and status == [None, "fail", None, "pass"]
+    matrix = rv_reward_matrix([graph], [status], width=5, mode="self_correction", kappa=0.5)
+    assert matrix.tolist() == [[0.0, 0.5, 0.0, 0.0, 0.0]]
+    # A_i + r_i on the RV call only
+    advantage = torch.tensor([[0.6, 0.2, 1.0, 0.2, 0.0]])
+    assert torch.allclose(add_rv_reward(advantage, matrix), torch.tensor([[0.6, 0.7, 1.0, 0.2, 0.0]]))
+    # on tokens: merged row with spans [0,3) [4,6) [6,11) [12,14) -> r on tokens 4, 5 only
+    tokens = route_rv_reward_tokens(
+        matrix,
+        torch.tensor([0]),
+        torch.tensor([[0, 1, 2, 3]]),
+        torch.tensor([[0, 4, 6, 12]]),
+        torch.tensor([[3, 6, 11, 14]]),
+        response_length=16,
+    )
+    expected = torch.zeros(1, 16)
+    expected[0, 4:6] = 0.5
+    assert torch.equal(tokens, expected)
+
+
+# ------------------------------------------------------------------ counterfactual calibration
+
+
+def test_select_counterfactual_calls_top_k_abs_advantage_of_ae_calls() -> None:
+    advantage = torch.tensor([[0.5, -2.0, 1.0], [3.0, -1.5, 0.0]])
+    is_ae = torch.tensor([[1, 1, 0], [0, 1, 1]])
+    # AE magnitudes: (0,0)=0.5, (0,1)=2.0, (1,1)=1.5, (1,2)=0 (never picked); (1,0)=3.0 is not AE
+    assert select_counterfactual_calls(advantage, is_ae, 2) == [(0, 1), (1, 1)]
+    assert select_counterfactual_calls(advantage, is_ae, 10) == [(0, 1), (1, 1), (0, 0)]
+    assert select_counterfactual_calls(advantage, is_ae, 0) == []
+
+
+def test_counterfactual_calibration_hand_computed() -> None:
+    weight = torch.tensor([[1.5, 0.5, 1.0]], dtype=torch.float64)
+    lengths = torch.tensor([[2.0, 2.0, 1.0]], dtype=torch.float64)
+    delta = torch.tensor([[1.0, 0.0, 0.0]], dtype=torch.float64)
+    has = torch.tensor([[1.0, 0.0, 0.0]], dtype=torch.float64)
+    out = apply_counterfactual_calibration(weight, lengths, delta, has, eta=0.5)
+    # factor on call 0: 1 + 0.5 * 1 = 1.5 -> w' = [2.25, 0.5, 1.0]
+    # mass before: 2*1.5 + 2*0.5 + 1*1.0 = 5.0; after: 2*2.25 + 1.0 + 1.0 = 6.5 -> scale 5 / 6.5
+    expected = torch.tensor([[2.25, 0.5, 1.0]], dtype=torch.float64) * (5.0 / 6.5)
+    assert torch.allclose(out, expected, rtol=0, atol=1e-12)
+    assert math.isclose(float((lengths * out).sum()), 5.0, rel_tol=1e-12)
+
+
+def test_counterfactual_calibration_negative_delta_and_floor() -> None:
+    weight = torch.ones(1, 2, dtype=torch.float64)
+    lengths = torch.ones(1, 2, dtype=torch.float64)
+    delta = torch.tensor([[-1.0, 0.0]], dtype=torch.float64)
+    has = torch.tensor([[1.0, 0.0]], dtype=torch.float64)
+    # eta = 2: 1 + 2 * (-1) = -1 -> clamped to the floor 0.01; mass 2 restored: w = 2 * [0.01, 1] / 1.01
+    out = apply_counterfactual_calibration(weight, lengths, delta, has, eta=2.0, floor=0.01)
+    assert torch.allclose(out, torch.tensor([[0.02 / 1.01, 2.0 / 1.01]], dtype=torch.float64))
+    assert bool((out > 0).all())
+    # nothing replayed -> unchanged
+    assert torch.equal(apply_counterfactual_calibration(weight, lengths, delta, torch.zeros_like(has), 0.5), weight)
+
+
+class FakeReplayEnv:
+    """Reward 1 unless the replacement edit writes 'return 0' (a wrong fix)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, Any, int]] = []
+
+    def replay(
+        self,
+        trajectory_messages: Sequence[Mapping[str, Any]],
+        call_index: int,
+        replacement_arguments: Mapping[str, Any] | None,
+    ) -> float:
+        self.calls.append((call_index, replacement_arguments, len(trajectory_messages)))
+        if replacement_arguments is None:
+            return 0.0
+        return 0.0 if "return 0" in replacement_arguments.get("new", "") else 1.0
+
+
+class AsyncFakeReplayEnv(FakeReplayEnv):
+    async def replay(self, trajectory_messages, call_index, replacement_arguments):  # type: ignore[override]
+        await asyncio.sleep(0)
+        return super().replay(trajectory_messages, call_index, replacement_arguments)
+
+
+class FakeProposer:
+    def __init__(self, new: str | None) -> None:
+        self.new = new
+
+    def propose(self, trajectory: Trajectory, call_index: int) -> AlternativeEdit | None:
+        if self.new == "skip":
+            return None
+        if self.new is None:
+            return AlternativeEdit(None, "drop")
+        return AlternativeEdit({"path": "calc/ops.py", "old": "    return a / b", "new": self.new}, "second sample")
+
+
+@pytest.mark.parametrize("env_class", [FakeReplayEnv, AsyncFakeReplayEnv])
+def test_counterfactual_driver_with_a_fake_replay_env(env_class: type) -> None:
+    trajectory = Trajectory.from_messages(_fix_transcript(), id="t0", reward=1.0, action_token_lengths=[3, 2, 5, 2])
+    env = env_class()
+    assert isinstance(env, ReplayEnvironment) and isinstance(FakeProposer("x"), EditProposer)
+    advantage = torch.tensor([[0.3, 0.2, 1.4, 0.1]])
+    is_ae = torch.tensor([[0, 0, 1, 0]])
+    results = run_counterfactuals([trajectory], advantage, is_ae, env, FakeProposer("    return 0"), budget=3)
+    assert len(results) == 1 and env.calls == [(2, results[0].alternative.arguments, 9)]
+    result = results[0]
+    # R(tau) = 1, R(tau') = 0 (the alternative edit is wrong) -> Delta = 1
+    assert (result.row, result.call_index, result.delta) == (0, 2, 1.0)
+    assert result.original_arguments == {
+        "path": "calc/ops.py",
+        "old": "    return a / b",
+        "new": "    return a / b if b else 0.0",
+    }
+    delta, has = counterfactual_delta_matrix(results, (1, 4))
+    assert delta.tolist() == [[0.0, 0.0, 1.0, 0.0]] and has.tolist() == [[0.0, 0.0, 1.0, 0.0]]
+    # an equally good alternative -> Delta 0; no alternative -> skipped
+    same = asyncio.run(estimate_counterfactual_deltas([trajectory], [(0, 2)], env, FakeProposer("    return 1.0")))
+    assert same[0].delta == 0.0
+    assert asyncio.run(estimate_counterfactual_deltas([trajectory], [(0, 2)], env, FakeProposer("skip"))) == []
+
+
+def test_replay_protocol_matches_the_coding_sandbox() -> None:
+    coding = pytest.importorskip("verl_credit.envs.coding.environment")
+    import inspect
+
+    parameters = list(inspect.signature(coding.CodingEnvironment.replay).parameters)
+    assert parameters[:4] == ["self", "trajectory_messages", "call_index", "replacement_arguments"]
+    assert isinstance(coding.CodingEnvironment(), ReplayEnvironment)
+
+
+# ------------------------------------------------------------------ IG down-weighting
+
+
+def test_ig_downweight_hand_computed() -> None:
+    weight = torch.tensor([[1.0, 1.0, 1.0, 1.0]], dtype=torch.float64)
+    lengths = torch.tensor([[1.0, 1.0, 1.0, 1.0]], dtype=torch.float64)
+    is_ig = torch.tensor([[1, 1, 1, 0]])
+    delta = torch.tensor([[-0.5, 0.5, -0.5, -1.0]], dtype=torch.float64)
+    has = torch.tensor([[1, 1, 0, 1]], dtype=torch.float64)
+    out = downweight_ig_calls(weight, lengths, is_ig, delta, has, theta_ig=0.0, factor=0.5)
+    # only call 0 qualifies (IG, measured, Delta < 0); call 2 has no measurement; call 3 is not IG.
+    # w' = [0.5, 1, 1, 1], mass 3.5 -> rescale by 4 / 3.5
+    assert torch.allclose(out, torch.tensor([[0.5, 1.0, 1.0, 1.0]], dtype=torch.float64) * (4 / 3.5))
+
+
+# ------------------------------------------------------------------ adaptive role weights
+
+
+def test_adaptive_role_weights_two_steps_hand_computed() -> None:
+    state = AdaptiveRoleWeights({"AE": 1.0, "IG": 0.6, "RV": 0.4}, rho=0.5, ema_beta=0.5)
+    # initial shares = omega / sum(omega) = AE 0.5, IG 0.3, RV 0.2
+    assert state.share == pytest.approx({"AE": 0.5, "IG": 0.3, "RV": 0.2})
+    advantage = torch.tensor([[2.0, -2.0, 1.0, 1.0]])
+    masks = {"AE": torch.tensor([[1, 1, 0, 0]]), "IG": torch.tensor([[0, 0, 1, 0]]), "RV": torch.tensor([[0, 0, 0, 1]])}
+    metrics = state.update(advantage, masks)
+    # mean |A|: AE 2, IG 1, RV 1 -> share AE 0.5, IG 0.25, RV 0.25
+    # EMA (beta 0.5): AE 0.5, IG 0.275, RV 0.225; target = 2.0 * S = AE 1.0, IG 0.55, RV 0.45
+    # omega += 0.5 (target - omega): AE 1.0, IG 0.575, RV 0.425
+    assert state.omega == pytest.approx({"AE": 1.0, "IG": 0.575, "RV": 0.425})
+    assert metrics["credit/omega_IG"] == pytest.approx(0.575) and "credit/role_delta_AE" not in metrics
+    delta = torch.tensor([[1.0, 0.0, 0.0, 0.0]])
+    has = torch.tensor([[1, 1, 0, 0]])
+    metrics = state.update(advantage, masks, delta, has)
+    # D_AE = mean(1, 0) = 0.5 (first measurement) -> gain AE 1.5, IG 1, RV 1
+    # S: AE 0.5, IG 0.2625, RV 0.2375; norm = 0.75 + 0.2625 + 0.2375 = 1.25; sum(omega) = 2.0
+    # target AE 2 * 0.75 / 1.25 = 1.2, IG 0.42, RV 0.38
+    # omega: AE 1.0 + 0.5 * 0.2 = 1.1, IG 0.575 - 0.5 * 0.155 = 0.4975, RV 0.425 - 0.5 * 0.045 = 0.4025
+    assert state.omega == pytest.approx({"AE": 1.1, "IG": 0.4975, "RV": 0.4025})
+    assert metrics["credit/role_delta_AE"] == pytest.approx(0.5)
+
+
+def test_adaptive_role_weights_respect_bounds() -> None:
+    state = AdaptiveRoleWeights({"AE": 1.0, "IG": 0.6, "RV": 0.4}, rho=1.0, ema_beta=1.0, omega_min=0.3, omega_max=1.05)
+    advantage = torch.tensor([[5.0, 0.01, 0.01]])
+    masks = {"AE": torch.tensor([[1, 0, 0]]), "IG": torch.tensor([[0, 1, 0]]), "RV": torch.tensor([[0, 0, 1]])}
+    state.update(advantage, masks)
+    # share ~ AE 0.996 -> target AE ~1.99 (clipped to 1.05), IG/RV ~0.004 (clipped to 0.3)
+    assert state.omega == pytest.approx({"AE": 1.05, "IG": 0.3, "RV": 0.3})
+
+
+def test_call_extras_config() -> None:
+    config = CallExtrasConfig()
+    assert not config.counterfactual and not config.adaptive_omega and not config.ig_downweight
+    assert CallExtrasConfig.from_mapping({"eta": 0.2}).eta == 0.2
+    with pytest.raises(ValueError, match=r"call_extras\.bogus"):
+        CallExtrasConfig.from_mapping({"bogus": 1})
+    with pytest.raises(ValueError, match="omega_min"):
+        CallExtrasConfig(omega_min=2.0, omega_max=1.0)
+    with pytest.raises(ValueError, match="ig_factor"):
+        CallExtrasConfig(ig_factor=0.0)
+    state = AdaptiveRoleWeights.from_config({"AE": 1.0, "IG": 0.6, "RV": 0.4}, CallExtrasConfig(rho=0.3))
+    assert state.rho == 0.3
+    with pytest.raises(ValueError, match="missing roles"):
+        AdaptiveRoleWeights({"AE": 1.0})
+
+
+# ------------------------------------------------------------------ DPO export
+
+
+def test_dpo_pairs(tmp_path) -> None:
+    trajectory = Trajectory.from_messages(_fix_transcript(), id="t0", uid="task", reward=1.0)
+    original = {"path": "calc/ops.py", "old": "    return a / b", "new": "    return a / b if b else 0.0"}
+    wrong = AlternativeEdit({"path": "calc/ops.py", "old": "    return a / b", "new": "    return 0"})
+    results = [
+        CounterfactualResult(0, 2, "t0", original, wrong, 1.0, 0.0),  # Delta 1: original chosen
+        CounterfactualResult(0, 2, "t0", original, AlternativeEdit(None), 1.0, 1.0),  # Delta 0: no preference
+    ]
+    pairs = build_dpo_pairs([trajectory], results)
+    assert len(pairs) == 1
+    pair = pairs[0]
+    assert pair["delta"] == 1.0 and pair["chosen"] == "original" and pair["call_index"] == 2
+    assert pair["context"] == _fix_transcript()[:5]  # everything before the edit call
+    assert pair["original"] == _fix_transcript()[5]
+    changed = json.loads(pair["counterfactual"]["tool_calls"][0]["function"]["arguments"])
+    assert changed["new"] == "    return 0"
+    # a negative Delta prefers the counterfactual; theta filters small effects
+    flipped = CounterfactualResult(0, 2, "t0", original, wrong, 0.0, 1.0)
+    assert build_dpo_pairs([trajectory], [flipped])[0]["chosen"] == "counterfactual"
+    assert build_dpo_pairs([trajectory], [flipped], theta_ae=1.0) == []
+    path = tmp_path / "dpo.jsonl"
+    assert write_dpo_pairs(path, pairs) == 1
+    assert json.loads(path.read_text().splitlines()[0])["id"] == "t0"
+    # a dropped call
+    dropped = counterfactual_message(_fix_transcript()[5], None)
+    assert dropped["tool_calls"] is None
+    with pytest.raises(ValueError, match="points at row"):
+        build_dpo_pairs([trajectory], [CounterfactualResult(0, 2, "other", original, wrong, 1.0, 0.0)])
+
+
+@pytest.mark.timeout(120)
+def test_counterfactual_calibration_with_the_real_coding_sandbox(tmp_path) -> None:
+    """End to end on a shipped task: the correct fix replayed with a plausible-but-wrong edit scores 0,
+    so Delta = 1, the edit's weight grows, and a DPO pair prefers the original edit."""
+    coding = pytest.importorskip("verl_credit.envs.coding.environment")
+    from verl_credit.config import CreditConfig
+    from verl_credit.envs.coding.task_spec import load_task
+    from verl_credit.routing import compute_batch_credit
+
+    task = load_task("median_even")
+    env = coding.CodingEnvironment(jail="fallback")
+    start = asyncio.run(env.start({"task": "median_even"}))
+    messages: list[dict] = [
+        {"role": "system", "content": start.system_prompt},
+        {"role": "user", "content": start.first_user_message},
+    ]
+    plan = [("read_file", {"path": task.target}), ("edit_file", task.solution[0].to_arguments()), ("run_tests", {})]
+    for k, (name, arguments) in enumerate(plan):
+        messages.append({"role": "assistant", "content": "", "tool_calls": [_tool_call(f"c{k}", name, arguments)]})
+        result = asyncio.run(env.call_tool(name, arguments))
+        messages.append({"role": "tool", "tool_call_id": f"c{k}", "content": result.content})
+    reward = asyncio.run(env.reward())
+    try:
+        assert reward == 1.0
+        # two rollouts of the task: this one (R = 1) and a failed one (R = 0) -> A_tau = +0.7071
+        trajectory = Trajectory.from_messages(
+            messages, id="ok", uid="median", reward=reward, action_token_lengths=[4, 12, 2]
+        )
+        graph = build_call_graph(trajectory)
+        assert graph.roles == ("IG", "AE", "RV")
+        assert {(e.src, e.dst, e.kind) for e in graph.edges} == {(0, 1, "IG->AE"), (1, 2, "AE->RV")}
+        failed = CallGraph(roles=("IG",), ambiguous=(False,))
+        credit = compute_batch_credit(
+            torch.tensor([1.0, 0.0]),
+            ["median", "median"],
+            [[4, 12, 2], [5]],
+            CreditConfig(estimator="call_credit"),
+            call_graphs=[graph, failed],
+        )
+        wrong = AlternativeEdit(task.wrong_edit("always_average_middles").edits[0].to_arguments(), "wrong edit")
+
+        class WrongEditProposer:
+            def propose(self, trajectory: Trajectory, call_index: int) -> AlternativeEdit:
+                return wrong
+
+        results = run_counterfactuals(
+            [trajectory], credit.action_advantage[:1], credit.extras["AE"][:1], env, WrongEditProposer(), budget=1
+        )
+    finally:
+        asyncio.run(env.close())
+    assert [(r.call_index, r.counterfactual_reward, r.delta) for r in results] == [(1, 0.0, 1.0)]
+    delta, has = counterfactual_delta_matrix(results, tuple(credit.weight[:1].shape))
+    calibrated = apply_counterfactual_calibration(credit.weight[:1], credit.lengths[:1], delta, has, eta=0.5)
+    assert float(calibrated[0, 1]) > float(credit.weight[0, 1])  # the decisive edit gains weight
+    assert math.isclose(float((credit.lengths[:1] * calibrated).sum()), 18.0, rel_tol=1e-9)  # mass L kept
+    pairs = build_dpo_pairs([trajectory], results)
+    assert pairs[0]["chosen"] == "original" and pairs[0]["delta"] == 1.0

@@ -1,0 +1,45 @@
+"""``verl-credit ingest``: gateway log (OpenAI / Anthropic API calls) -> rollouts JSONL."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from verl_credit.ingest import FORMATS, ingest_log
+from verl_credit.io import write_jsonl
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "ingest",
+        help="turn an API-boundary gateway log into rollouts (one trajectory per session)",
+        description="Read a gateway log (one model call per line: request, response or streamed chunks), "
+        "drop failed attempts and retries, group calls into sessions (session id, else prefix continuity) "
+        "and write rollouts JSONL (DESIGN.md section 8) with per-call token accounting.",
+    )
+    parser.add_argument("--input", required=True, help="gateway log JSONL")
+    parser.add_argument("--out", required=True, help="rollouts JSONL to write")
+    parser.add_argument(
+        "--format", choices=FORMATS, default="auto", help="API format of every line (default: per line)"
+    )
+    parser.add_argument("--stats", default=None, help="also write the ingestion counts as JSON here")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    records, stats = ingest_log(args.input, args.format)
+    write_jsonl(args.out, records)
+    if args.stats:
+        with open(args.stats, "w", encoding="utf-8") as handle:
+            json.dump(stats.to_json(), handle, indent=2)
+    print(f"wrote {len(records)} trajectories to {args.out}", file=sys.stderr)
+    print(stats.summary(), file=sys.stderr)
+    if stats.missing_rewards:
+        print(
+            f"note: {stats.missing_rewards} trajectories have no reward in the log (written as 0.0 with "
+            f"reward_known: false)",
+            file=sys.stderr,
+        )
+    return 0

@@ -1,0 +1,48 @@
+"""Gateway-log ingestion: API-boundary logs (OpenAI chat completions, Anthropic messages) ->
+trajectories in the rollouts format of DESIGN.md section 8, with per-call token accounting.
+
+    records, stats = ingest_log("gateway.jsonl")          # format auto-detected per line
+    write_jsonl("rollouts.jsonl", records)
+
+See :mod:`verl_credit.ingest.records` for the log line format and
+:mod:`verl_credit.ingest.sessions` for deduplication, session grouping and token accounting.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from verl_credit.ingest.model_call import ModelCall, RecordError
+from verl_credit.ingest.records import FORMATS, RewardRecord, parse_record
+from verl_credit.ingest.sessions import IngestStats, build_trajectories
+from verl_credit.io import InputError, iter_jsonl
+
+__all__ = ["FORMATS", "IngestStats", "ModelCall", "ingest_log", "read_gateway_log"]
+
+
+def read_gateway_log(path: str | Path, api_format: str = "auto") -> tuple[list[ModelCall], list[RewardRecord], int]:
+    """Parse every line; a malformed record raises :class:`InputError` naming file, line and field."""
+    if api_format not in FORMATS:
+        raise ValueError(f"--format must be one of {FORMATS}, got {api_format!r}")
+    calls: list[ModelCall] = []
+    rewards: list[RewardRecord] = []
+    count = 0
+    for line, record in iter_jsonl(path):
+        count += 1
+        try:
+            parsed = parse_record(record, line, api_format)
+        except RecordError as exc:
+            raise InputError(path, line, str(exc)) from None
+        (rewards if isinstance(parsed, RewardRecord) else calls).append(parsed)
+    return calls, rewards, count
+
+
+def ingest_log(path: str | Path, api_format: str = "auto") -> tuple[list[dict[str, Any]], IngestStats]:
+    """Rollout records and counts for one gateway log."""
+    calls, rewards, count = read_gateway_log(path, api_format)
+    stats = IngestStats(records=count, calls=len(calls), reward_records=len(rewards))
+    stats.streamed_calls = sum(c.streamed for c in calls)
+    stats.usage_token_calls = sum(c.ok and c.token_source == "usage" for c in calls)
+    stats.whitespace_token_calls = sum(c.ok and c.token_source == "whitespace" for c in calls)
+    return build_trajectories(calls, rewards, stats)
