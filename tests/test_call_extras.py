@@ -169,6 +169,21 @@ def test_counterfactual_calibration_negative_delta_and_floor() -> None:
     assert torch.equal(apply_counterfactual_calibration(weight, lengths, delta, torch.zeros_like(has), 0.5), weight)
 
 
+def test_counterfactual_calibration_follows_the_sign_of_the_advantage() -> None:
+    # A failed rollout (A < 0) whose edit caused the failure: the alternative edit would have passed,
+    # Delta = R - R' = 0 - 1 = -1. Blame must grow: factor 1 + 0.5 * sign(A) * Delta = 1.5.
+    weight = torch.ones(1, 2, dtype=torch.float64)
+    lengths = torch.ones(1, 2, dtype=torch.float64)
+    delta = torch.tensor([[-1.0, 0.0]], dtype=torch.float64)
+    has = torch.tensor([[1.0, 0.0]], dtype=torch.float64)
+    out = apply_counterfactual_calibration(weight, lengths, delta, has, eta=0.5, advantage=torch.tensor([-0.7]))
+    # w' = [1.5, 1] -> mass 2 restored: [1.5, 1] * 2 / 2.5 = [1.2, 0.8]
+    assert torch.allclose(out, torch.tensor([[1.2, 0.8]], dtype=torch.float64))
+    # the same Delta on a successful rollout (A > 0) shrinks the edit's credit: [0.5, 1] * 2 / 1.5
+    out = apply_counterfactual_calibration(weight, lengths, delta, has, eta=0.5, advantage=torch.tensor([0.7]))
+    assert torch.allclose(out, torch.tensor([[1.0 / 1.5, 2.0 / 1.5]], dtype=torch.float64))
+
+
 class FakeReplayEnv:
     """Reward 1 unless the replacement edit writes 'return 0' (a wrong fix)."""
 

@@ -16,8 +16,11 @@ Equations:
          rv_reward=literal (the seed's formula, for comparison):
          r_i = kappa * (1[RV i passed] - 1[RV i failed and a later AE edited a path it named]).
          The RV call's advantage becomes A_i + r_i.
-    (15) counterfactual calibration: w_k <- w_k * max(1 + eta * Delta_k, floor) for the replayed
-         AE calls, then every row is rescaled so that sum_i L_i w_i keeps its value (mass).
+    (15) counterfactual calibration: w_k <- w_k * max(1 + eta * sign(A) * Delta_k, floor) for the
+         replayed AE calls, then every row is rescaled so that sum_i L_i w_i keeps its value (mass).
+         DESIGN.md writes ``1 + eta Delta_k``, which is the same for A > 0 (the seed calibrates
+         successful trajectories); for A < 0 the literal form would *shrink* the blame of an edit
+         that caused the failure (Delta < 0), so the sign of A is applied.
     (16) adaptive role weights, after each step:
          a_r     = mean_{i: r_i = r} |A_i|           share_r = a_r / sum_r' a_r'
          S_r    <- (1 - beta) S_r + beta share_r      D_r <- (1 - beta) D_r + beta mean_{i: r_i=r} Delta_i
@@ -370,13 +373,18 @@ def apply_counterfactual_calibration(
     has_delta: torch.Tensor,
     eta: float,
     floor: float = 1e-3,
+    advantage: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Equation (15): ``w_k <- w_k max(1 + eta Delta_k, floor)`` on replayed calls, mass restored.
+    """Equation (15): ``w_k <- w_k max(1 + eta sign(A) Delta_k, floor)`` on replayed calls, mass restored.
 
-    Shapes: all ``(B, T)`` -> ``(B, T)`` (``weight``'s dtype). With ``eta = 0`` or no replayed call the
-    weights are returned unchanged.
+    Shapes: ``weight, lengths, delta, has_delta`` ``(B, T)``, ``advantage`` ``(B,)`` (default: all
+    positive) -> ``(B, T)`` (``weight``'s dtype). With ``eta = 0`` or no replayed call the weights
+    are returned unchanged.
     """
-    factor = torch.where(has_delta > 0, (1.0 + eta * delta.to(weight.dtype)).clamp_min(floor), torch.ones_like(weight))
+    signed = delta.to(weight.dtype)
+    if advantage is not None:
+        signed = signed * torch.sign(advantage.to(weight.dtype)).unsqueeze(-1)
+    factor = torch.where(has_delta > 0, (1.0 + eta * signed).clamp_min(floor), torch.ones_like(weight))
     return rescale_row_mass(weight * factor, weight, lengths)
 
 
