@@ -1,0 +1,468 @@
+"""One coding-task episode: a temporary git repository, its tools, and the hidden-test reward.
+
+Directory layout of one sandbox (``tempfile.mkdtemp``)::
+
+    <tmp>/repo   the agent's repository (git, one commit of the task's files) -- the only place the
+                 tools can write; the cwd and HOME of ``bash`` and ``run_tests``
+    <tmp>/tmp    TMPDIR of jailed commands in the fallback jail mode
+    <tmp>/eval   rebuilt for every reward: the agent's sources + the task's original tests and
+                 pytest config + the hidden tests
+
+Reward: the agent's tree is copied without ``tests/``, ``conftest.py`` files and pytest config
+files (those come from the task, so editing tests or adding a ``conftest.py`` earns nothing), the
+hidden tests are added under ``tests/``, and pytest runs in the jail. ``binary`` reward is 1.0 iff
+every hidden test passes (a collection error counts as a failure); ``fraction`` is the share of
+hidden tests that pass.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from verl_credit.envs.base import ToolResult
+from verl_credit.envs.coding.jail import JailResult, resolve_jail_mode, run_jailed, scrubbed_environment
+from verl_credit.envs.coding.paths import SandboxPathError, display_path, resolve_sandbox_path
+from verl_credit.envs.coding.task_spec import TASKS_DIR, CodingTask, load_task
+from verl_credit.envs.coding.tools import ToolArgumentError, check_arguments
+
+__all__ = ["REWARD_MODES", "CodingSandbox", "SandboxLimits", "SandboxState", "TestReport"]
+
+REWARD_MODES = ("binary", "fraction")
+_SKIP_DIRS = {".git", "__pycache__", ".pytest_cache"}
+_PROTECTED_TOP = {"tests", "pytest.ini", "pyproject.toml", "setup.cfg", "tox.ini"}
+_REPORT_FILE = ".vc-junit.xml"
+# Host pytest plugins (hypothesis, asyncio, ...) stay out of task test runs: hermetic and ~5x faster.
+_JAIL_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+_GIT_ENV = {
+    "GIT_AUTHOR_NAME": "verl-credit",
+    "GIT_AUTHOR_EMAIL": "sandbox@verl-credit.invalid",
+    "GIT_COMMITTER_NAME": "verl-credit",
+    "GIT_COMMITTER_EMAIL": "sandbox@verl-credit.invalid",
+    "GIT_AUTHOR_DATE": "2026-01-01T00:00:00+0000",
+    "GIT_COMMITTER_DATE": "2026-01-01T00:00:00+0000",
+}
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """Per-call limits of the sandbox tools."""
+
+    bash_timeout_s: float = 10.0
+    """Wall-clock limit of a ``bash`` call (the ``timeout`` argument can only lower it)."""
+    test_timeout_s: float = 60.0
+    """Wall-clock limit of ``run_tests`` and of the hidden-test reward run."""
+    max_output_bytes: int = 16_384
+    """Captured output of ``bash``/``run_tests`` (head and tail kept)."""
+    max_read_bytes: int = 65_536
+    """Largest ``read_file`` result."""
+    max_search_matches: int = 200
+    """Matching lines printed by ``search``."""
+    max_diff_chars: int = 8_000
+    """Unified diff shown in an edit/write result."""
+
+    def __post_init__(self) -> None:
+        for name in ("bash_timeout_s", "test_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"SandboxLimits.{name} must be > 0, got {getattr(self, name)}")
+        for name in ("max_output_bytes", "max_read_bytes", "max_search_matches", "max_diff_chars"):
+            if not getattr(self, name) >= 1:
+                raise ValueError(f"SandboxLimits.{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class TestReport:
+    """Outcome of one pytest run over visible and hidden tests (from pytest's JUnit XML)."""
+
+    hidden_passed: int
+    hidden_total: int
+    visible_passed: int
+    visible_total: int
+    output: str = ""
+
+    @property
+    def hidden_all_pass(self) -> bool:
+        return self.hidden_total > 0 and self.hidden_passed == self.hidden_total
+
+    @property
+    def visible_all_pass(self) -> bool:
+        return self.visible_total > 0 and self.visible_passed == self.visible_total
+
+
+@dataclass(frozen=True)
+class SandboxState:
+    """A restorable picture of an episode: working-tree files and which paths the agent has read."""
+
+    files: tuple[tuple[str, bytes], ...]
+    known_paths: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def digest(self) -> str:
+        return _digest_files(self.files)
+
+
+class CodingSandbox:
+    """A bug-fix task checked out in a fresh temporary git repository, with jailed tools.
+
+    Args:
+        task: a :class:`CodingTask`, a shipped task name, or a task directory.
+        jail: ``auto`` | ``namespace`` | ``fallback`` (see :mod:`verl_credit.envs.coding.jail`).
+        limits: per-call limits.
+        reward_mode: ``binary`` (all hidden tests pass -> 1.0) or ``fraction``.
+        require_read_before_edit: ``edit_file``/``write_file`` on an existing file the agent has not
+            read (or written) in this episode is refused, as in Claude Code's Edit tool.
+        base_dir: where the temporary directory is created (default: the system temp dir).
+    """
+
+    def __init__(
+        self,
+        task: CodingTask | str | Path,
+        *,
+        jail: str = "auto",
+        limits: SandboxLimits | None = None,
+        reward_mode: str = "binary",
+        require_read_before_edit: bool = True,
+        base_dir: str | Path | None = None,
+    ) -> None:
+        if reward_mode not in REWARD_MODES:
+            raise ValueError(f"reward_mode must be one of {REWARD_MODES}, got {reward_mode!r}")
+        self.task = task if isinstance(task, CodingTask) else load_task(task)
+        self.jail_mode = resolve_jail_mode(jail)
+        self.limits = limits or SandboxLimits()
+        self.reward_mode = reward_mode
+        self.require_read_before_edit = require_read_before_edit
+        self._tmp = Path(os.path.realpath(tempfile.mkdtemp(prefix=f"vc-coding-{self.task.name}-", dir=base_dir)))
+        self.root = self._tmp / "repo"
+        self._fallback_tmp = self._tmp / "tmp"
+        self._eval_dir = self._tmp / "eval"
+        self._known_paths: set[str] = set()
+        self._report_cache: dict[str, TestReport] = {}
+        self._hide = [TASKS_DIR, self.task.directory]
+        try:
+            shutil.copytree(self.task.repo_dir, self.root, ignore=shutil.ignore_patterns(*_SKIP_DIRS))
+            self._fallback_tmp.mkdir()
+            self._git("init", "-q")
+            self._git("add", "-A")
+            self._git("commit", "-q", "-m", f"task {self.task.name}")
+        except BaseException:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            raise
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def close(self) -> None:
+        """Delete the sandbox directory."""
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def __enter__(self) -> CodingSandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ dispatch
+
+    def call(self, name: str, arguments: Mapping[str, Any]) -> ToolResult:
+        """Execute one tool call; bad names/arguments and refused paths come back as error results."""
+        try:
+            checked = check_arguments(name, arguments)
+            return getattr(self, f"_tool_{name}")(**checked)
+        except (ToolArgumentError, SandboxPathError) as exc:
+            return ToolResult(f"Error: {exc}", is_error=True)
+
+    # ------------------------------------------------------------------ tools (IG)
+
+    def _tool_read_file(self, path: str, start_line: int | None = None, end_line: int | None = None) -> ToolResult:
+        target = resolve_sandbox_path(self.root, path)
+        rel = display_path(self.root, target)
+        if target.is_dir():
+            return ToolResult(f"Error: {rel} is a directory; use list_dir", is_error=True)
+        if not target.is_file():
+            return ToolResult(f"Error: no such file: {rel}", is_error=True)
+        text = target.read_bytes()[: self.limits.max_read_bytes + 1].decode("utf-8", errors="replace")
+        truncated = len(text) > self.limits.max_read_bytes
+        text = text[: self.limits.max_read_bytes]
+        if start_line is not None or end_line is not None:
+            lines = text.splitlines(keepends=True)
+            first = max(1, start_line or 1)
+            last = min(len(lines), end_line or len(lines))
+            text = "".join(lines[first - 1 : last])
+        self._known_paths.add(rel)
+        if truncated:
+            text += f"\n[... file truncated at {self.limits.max_read_bytes} bytes ...]\n"
+        return ToolResult(text)
+
+    def _tool_search(self, pattern: str, path: str = ".") -> ToolResult:
+        try:
+            regex = re.compile(pattern)
+        except re.error as exc:
+            return ToolResult(f"Error: invalid regular expression {pattern!r}: {exc}", is_error=True)
+        base = resolve_sandbox_path(self.root, path)
+        if not base.exists():
+            return ToolResult(f"Error: no such file or directory: {path}", is_error=True)
+        matches: list[str] = []
+        total = 0
+        for file in self._walk_files(base):
+            try:
+                text = file.read_text(encoding="utf-8")
+            except (UnicodeDecodeError, OSError):
+                continue
+            for number, line in enumerate(text.splitlines(), start=1):
+                if regex.search(line):
+                    total += 1
+                    if len(matches) < self.limits.max_search_matches:
+                        matches.append(f"{display_path(self.root, file)}:{number}:{line}")
+        if not matches:
+            return ToolResult(f"No matches for {pattern!r}.")
+        if total > len(matches):
+            matches.append(f"[... {total - len(matches)} more matches ...]")
+        return ToolResult("\n".join(matches))
+
+    def _tool_list_dir(self, path: str = ".") -> ToolResult:
+        target = resolve_sandbox_path(self.root, path)
+        if not target.is_dir():
+            return ToolResult(f"Error: not a directory: {path}", is_error=True)
+        entries = sorted(
+            f"{entry.name}/" if entry.is_dir() else entry.name
+            for entry in target.iterdir()
+            if entry.name not in _SKIP_DIRS
+        )
+        return ToolResult("\n".join(entries) if entries else "(empty directory)")
+
+    # ------------------------------------------------------------------ tools (AE)
+
+    def _tool_edit_file(self, path: str, old: str, new: str, replace_all: bool = False) -> ToolResult:
+        target = resolve_sandbox_path(self.root, path, for_write=True)
+        rel = display_path(self.root, target)
+        if not target.is_file():
+            return ToolResult(f"Error: no such file: {rel} (use write_file to create files)", is_error=True)
+        refusal = self._check_known(rel)
+        if refusal:
+            return refusal
+        if old == "":
+            return ToolResult("Error: `old` must not be empty", is_error=True)
+        if old == new:
+            return ToolResult("Error: `old` and `new` are identical; nothing to change", is_error=True)
+        before = target.read_text(encoding="utf-8")
+        count = before.count(old)
+        if count == 0:
+            return ToolResult(f"Error: `old` text not found in {rel}", is_error=True)
+        if count > 1 and not replace_all:
+            return ToolResult(
+                f"Error: `old` text occurs {count} times in {rel}; add surrounding context or set replace_all",
+                is_error=True,
+            )
+        after = before.replace(old, new) if replace_all else before.replace(old, new, 1)
+        target.write_text(after, encoding="utf-8")
+        replaced = count if replace_all else 1
+        plural = "s" if replaced > 1 else ""
+        return ToolResult(f"Edited {rel} ({replaced} replacement{plural}).\n{self._diff(rel, before, after)}")
+
+    def _tool_write_file(self, path: str, content: str) -> ToolResult:
+        target = resolve_sandbox_path(self.root, path, for_write=True)
+        rel = display_path(self.root, target)
+        if target.is_dir():
+            return ToolResult(f"Error: {rel} is a directory", is_error=True)
+        existed = target.is_file()
+        if existed:
+            refusal = self._check_known(rel)
+            if refusal:
+                return refusal
+        before = target.read_text(encoding="utf-8", errors="replace") if existed else ""
+        target.parent.mkdir(parents=True, exist_ok=True)  # ``target`` is already real and inside the root
+        target.write_text(content, encoding="utf-8")
+        self._known_paths.add(rel)
+        verb = "Modified" if existed else "Created"
+        return ToolResult(f"{verb} {rel} ({len(content)} characters).\n{self._diff(rel, before, content, existed)}")
+
+    # ------------------------------------------------------------------ tools (RV and shell)
+
+    def _tool_run_tests(self, path: str | None = None) -> ToolResult:
+        selection = ""
+        if path is not None:
+            target = resolve_sandbox_path(self.root, path)
+            if not target.exists():
+                return ToolResult(f"Error: no such test file or directory: {path}", is_error=True)
+            selection = " " + _quote(display_path(self.root, target))
+        command = f"{_quote(sys.executable)} -I -B -m pytest -q --tb=short -p no:cacheprovider{selection}"
+        result = self._run(command, self.root, self.limits.test_timeout_s)
+        if result.timed_out:
+            limit = self.limits.test_timeout_s
+            return ToolResult(f"Tests timed out after {limit:g} s.\n{result.output}", is_error=True)
+        return ToolResult(f"pytest exit code {result.exit_code}\n{result.output}")
+
+    def _tool_bash(self, command: str, timeout: float | None = None) -> ToolResult:
+        limit = self.limits.bash_timeout_s
+        if timeout is not None:
+            limit = min(max(float(timeout), 0.1), limit)
+        result = self._run(command, self.root, limit)
+        if result.rejected is not None:
+            return ToolResult(f"Error: {result.output}", is_error=True)
+        if result.timed_out:
+            return ToolResult(f"Command timed out after {limit:g} s (killed).\n{result.output}", is_error=True)
+        return ToolResult(f"exit code {result.exit_code}\n{result.output}")
+
+    # ------------------------------------------------------------------ reward
+
+    def evaluate(self) -> TestReport:
+        """Run visible + hidden tests on the agent's current sources (cached per working-tree state)."""
+        digest = self.snapshot().digest
+        cached = self._report_cache.get(digest)
+        if cached is not None:
+            return cached
+        self._build_eval_tree()
+        command = (
+            f"{_quote(sys.executable)} -I -B -m pytest -q --tb=line -p no:cacheprovider --junitxml={_REPORT_FILE} tests"
+        )
+        result = self._run(command, self._eval_dir, self.limits.test_timeout_s)
+        report = self._read_report(result)
+        self._report_cache[digest] = report
+        return report
+
+    def reward(self) -> float:
+        """Hidden-test outcome: ``binary`` 1.0/0.0 or the ``fraction`` of hidden tests passed."""
+        report = self.evaluate()
+        if self.reward_mode == "binary":
+            return 1.0 if report.hidden_all_pass else 0.0
+        return report.hidden_passed / report.hidden_total if report.hidden_total else 0.0
+
+    # ------------------------------------------------------------------ state
+
+    def snapshot(self) -> SandboxState:
+        """Working-tree files (without ``.git`` and caches) and the paths the agent knows."""
+        files = tuple(
+            (display_path(self.root, file), file.read_bytes()) for file in sorted(self._walk_files(self.root))
+        )
+        return SandboxState(files, frozenset(self._known_paths))
+
+    def restore(self, state: SandboxState) -> None:
+        """Make the working tree and the read set equal to ``state`` (``.git`` is left alone)."""
+        wanted = dict(state.files)
+        for file in list(self._walk_files(self.root)):
+            if display_path(self.root, file) not in wanted:
+                file.unlink()
+        for rel, content in wanted.items():
+            target = resolve_sandbox_path(self.root, rel, for_write=True)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if not target.is_file() or target.read_bytes() != content:
+                target.write_bytes(content)
+        self._known_paths = set(state.known_paths)
+
+    def git_diff(self) -> str:
+        """``git diff`` of the working tree against the task's commit."""
+        return self._git("diff", "--no-color", capture=True)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _run(self, command: str, root: Path, timeout_s: float) -> JailResult:
+        return run_jailed(
+            command,
+            root,
+            timeout_s=timeout_s,
+            max_output_bytes=self.limits.max_output_bytes,
+            mode=self.jail_mode,
+            hide_paths=self._hide,
+            fallback_tmpdir=self._fallback_tmp,
+            env_extra=_JAIL_ENV,
+        )
+
+    def _check_known(self, rel: str) -> ToolResult | None:
+        if self.require_read_before_edit and rel not in self._known_paths:
+            return ToolResult(f"Error: {rel} has not been read yet; read it before editing it", is_error=True)
+        return None
+
+    def _diff(self, rel: str, before: str, after: str, existed: bool = True) -> str:
+        diff = "".join(
+            difflib.unified_diff(
+                before.splitlines(keepends=True),
+                after.splitlines(keepends=True),
+                fromfile=f"a/{rel}" if existed else "/dev/null",
+                tofile=f"b/{rel}",
+            )
+        )
+        if len(diff) > self.limits.max_diff_chars:
+            diff = diff[: self.limits.max_diff_chars] + "\n[... diff truncated ...]\n"
+        return diff or "(no textual change)"
+
+    def _walk_files(self, base: Path) -> list[Path]:
+        if base.is_file():
+            return [base]
+        found: list[Path] = []
+        for directory, dirnames, filenames in os.walk(base):
+            dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
+            files = (Path(directory) / name for name in sorted(filenames))
+            found.extend(file for file in files if not file.is_symlink())
+        return found
+
+    def _build_eval_tree(self) -> None:
+        shutil.rmtree(self._eval_dir, ignore_errors=True)
+        self._eval_dir.mkdir()
+        for file in self._walk_files(self.root):
+            rel = Path(display_path(self.root, file))
+            if rel.parts[0] in _PROTECTED_TOP or rel.name == "conftest.py":
+                continue
+            destination = self._eval_dir / rel
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(file, destination)
+        for name in _PROTECTED_TOP:
+            original = self.task.repo_dir / name
+            if original.is_dir():
+                shutil.copytree(original, self._eval_dir / name, ignore=shutil.ignore_patterns(*_SKIP_DIRS))
+            elif original.is_file():
+                shutil.copyfile(original, self._eval_dir / name)
+        (self._eval_dir / "tests").mkdir(exist_ok=True)
+        for hidden in self.task.hidden_test_files():
+            shutil.copyfile(hidden, self._eval_dir / "tests" / hidden.name)
+
+    def _read_report(self, result: JailResult) -> TestReport:
+        hidden_modules = {f"tests.{path.stem}" for path in self.task.hidden_test_files()}
+        hidden_names = {path.stem for path in self.task.hidden_test_files()}
+        counts = {"hidden": [0, 0], "visible": [0, 0]}
+        report_path = self._eval_dir / _REPORT_FILE
+        if report_path.is_file() and not result.timed_out:
+            try:
+                cases = ET.parse(report_path).getroot().iter("testcase")
+            except ET.ParseError:
+                cases = iter(())
+            for case in cases:
+                module = case.get("classname", "")
+                is_hidden = module in hidden_modules or module.split(".")[-1] in hidden_names
+                bucket = counts["hidden" if is_hidden else "visible"]
+                bucket[1] += 1
+                if not any(child.tag in ("failure", "error", "skipped") for child in case):
+                    bucket[0] += 1
+        hidden_total = max(counts["hidden"][1], 1)  # a run that collected nothing hidden is a failure
+        return TestReport(counts["hidden"][0], hidden_total, counts["visible"][0], counts["visible"][1], result.output)
+
+    def _git(self, *args: str, capture: bool = False) -> str:
+        env = scrubbed_environment(self.root, self._fallback_tmp, _GIT_ENV)
+        completed = subprocess.run(
+            ["git", *args], cwd=self.root, env=env, capture_output=True, text=True, timeout=30, check=False
+        )
+        if completed.returncode != 0:
+            raise RuntimeError(f"git {' '.join(args)} failed in {self.root}: {completed.stderr.strip()}")
+        return completed.stdout if capture else ""
+
+
+def _digest_files(files: tuple[tuple[str, bytes], ...]) -> str:
+    digest = hashlib.sha256()
+    for rel, content in files:
+        digest.update(rel.encode("utf-8") + b"\x00" + hashlib.sha256(content).digest())
+    return digest.hexdigest()
+
+
+def _quote(text: str) -> str:
+    import shlex
+
+    return shlex.quote(text)

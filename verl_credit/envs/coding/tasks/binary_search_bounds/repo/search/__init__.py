@@ -1,0 +1,1 @@
+"""Searching sorted sequences."""

@@ -1,0 +1,1 @@
+"""Descriptive statistics for plain lists of numbers."""

@@ -1,0 +1,1 @@
+"""Closed numeric intervals ``[start, end]``."""

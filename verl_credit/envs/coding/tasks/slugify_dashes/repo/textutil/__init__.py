@@ -1,0 +1,1 @@
+"""Text helpers for URLs and titles."""
