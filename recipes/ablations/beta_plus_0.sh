@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Ablation (IAPO paper, Qwen3-8B on tau2-bench; DESIGN.md section 7): beta+ = 0 (positive branch = support only, no tilt away from error-heavy actions).
+# Expected (held-out test, domain-macro pass^1): 32.50
+#   reference points: IAPO (beta+=0.05, c=0.25, neg_route=error) 42.18; GRPO 29.61.
+# Everything else is recipes/iapo/qwen3_8b_tau2.sh (same knobs; "$@" is passed through as Hydra overrides).
+#   ANNOTATOR_BASE_URL=http://<server>:8000/v1 bash recipes/ablations/beta_plus_0.sh      (DRY_RUN=1: print config only)
+set -xeuo pipefail
+
+export BETA_PLUS=0
+export EXPERIMENT_NAME=${EXPERIMENT_NAME:-iapo_qwen3_8b_tau2_beta_plus_0}
+exec bash "$(dirname "${BASH_SOURCE[0]}")/../iapo/qwen3_8b_tau2.sh" "$@"

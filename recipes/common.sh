@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# Shared part of the training recipes (sourced by recipes/{grpo,iapo,ablations,call_credit}/*.sh; not run directly).
+#
+# The paper's setup (DESIGN.md section 7): verl GRPO with FSDP, vLLM rollout, N=16 rollouts per task, at most 30
+# assistant turns, Qwen3 thinking off, tau2-bench train split (airline 30 + retail 74 + telecom 74 = 178 tasks),
+# held-out test split for validation, 8 GPUs per node. The simulated user is tau2's user simulator, served by an
+# OpenAI-compatible endpoint (scripts/serve_annotator.sh serves Qwen3-32B on its own GPUs; the same server is the
+# IAPO annotator by default). It must be started with tool calling enabled, because telecom users have tools:
+#   bash scripts/serve_annotator.sh --enable-auto-tool-choice --tool-call-parser hermes
+#
+# Knobs (environment variables; every recipe passes "$@" last, so any Hydra override wins):
+#   DATA_DIR            prepared data (python scripts/prepare_tau2.py --out $DATA_DIR)      [~/data/tau2]
+#   NNODES / GPUS_PER_NODE                                                                    [1 / 8]
+#   ROLLOUT_N           rollouts per task (group size N)                                      [16]
+#   MAX_TURNS           assistant turns per episode (also simulated-user replies)             [30]
+#   MAX_PROMPT_LENGTH / MAX_RESPONSE_LENGTH  tokens (system prompt + tools; whole episode)   [10240 / 22528]
+#   MAX_TOOL_RESPONSE_CHARS  verl truncates longer tool results (its default, 256, would cut tau2's)  [8192]
+#   ROLLOUT_GPU_MEM     vLLM gpu_memory_utilization of the rollout                            [0.6]
+#   TRAIN_BATCH_SIZE    tasks per step; PPO_MINI_BATCH_SIZE tasks per update                  [32 / 16]
+#   LR, TOTAL_EPOCHS, SAVE_FREQ, TEST_FREQ                                                    [1e-6, 15, 20, 10]
+#   ANNOTATOR_BASE_URL  annotator endpoint(s), comma-separated (…/v1)                         [http://127.0.0.1:8000/v1]
+#   ANNOTATOR_MODEL     served annotator model                                                [Qwen/Qwen3-32B]
+#   USER_BASE_URL / USER_MODEL  simulated-user endpoint(s) and model       [ANNOTATOR_BASE_URL / ANNOTATOR_MODEL]
+#   PROJECT_NAME, EXPERIMENT_NAME, CKPT_DIR, LOGGER                                           [see below]
+#   DRY_RUN=1           print the composed config (Hydra --cfg job --resolve) and stop before Ray starts
+#   PYTHON              interpreter                                                           [python3]
+# TRAIN_BATCH_SIZE, LR and TOTAL_EPOCHS are not given in DESIGN.md section 7; the defaults are ours.
+
+PYTHON=${PYTHON:-python3}
+DRY_RUN=${DRY_RUN:-0}
+DATA_DIR=${DATA_DIR:-$HOME/data/tau2}
+NNODES=${NNODES:-1}
+GPUS_PER_NODE=${GPUS_PER_NODE:-8}
+ROLLOUT_N=${ROLLOUT_N:-16}
+MAX_TURNS=${MAX_TURNS:-30}
+MAX_PROMPT_LENGTH=${MAX_PROMPT_LENGTH:-10240}
+MAX_RESPONSE_LENGTH=${MAX_RESPONSE_LENGTH:-22528}
+MAX_TOOL_RESPONSE_CHARS=${MAX_TOOL_RESPONSE_CHARS:-8192}
+TRAIN_BATCH_SIZE=${TRAIN_BATCH_SIZE:-32}
+PPO_MINI_BATCH_SIZE=${PPO_MINI_BATCH_SIZE:-16}
+LR=${LR:-1e-6}
+TOTAL_EPOCHS=${TOTAL_EPOCHS:-15}
+SAVE_FREQ=${SAVE_FREQ:-20}
+TEST_FREQ=${TEST_FREQ:-10}
+ROLLOUT_GPU_MEM=${ROLLOUT_GPU_MEM:-0.6}
+ANNOTATOR_BASE_URL=${ANNOTATOR_BASE_URL:-http://127.0.0.1:8000/v1}
+ANNOTATOR_MODEL=${ANNOTATOR_MODEL:-Qwen/Qwen3-32B}
+USER_BASE_URL=${USER_BASE_URL:-$ANNOTATOR_BASE_URL}
+USER_MODEL=${USER_MODEL:-$ANNOTATOR_MODEL}
+PROJECT_NAME=${PROJECT_NAME:-verl_credit_tau2}
+LOGGER=${LOGGER:-'["console","wandb"]'}
+
+case "$DRY_RUN" in 0 | 1) ;; *) echo "DRY_RUN must be 0 or 1, got '$DRY_RUN'" >&2 && exit 2 ;; esac
+for knob in NNODES GPUS_PER_NODE ROLLOUT_N MAX_TURNS MAX_PROMPT_LENGTH MAX_RESPONSE_LENGTH TRAIN_BATCH_SIZE \
+    PPO_MINI_BATCH_SIZE TOTAL_EPOCHS; do
+    case "${!knob}" in '' | *[!0-9]* | 0) echo "$knob must be a positive integer, got '${!knob}'" >&2 && exit 2 ;; esac
+done
+
+# "a,b" -> ["a","b"] (a Hydra list of quoted strings: URLs contain ':' and '/')
+hydra_list() {
+    local IFS=, item out=""
+    for item in $1; do out+="${out:+,}\"${item}\""; done
+    printf '[%s]' "$out"
+}
+
+# Model, actor, rollout and trainer sections shared by every recipe. Needs MODEL_PATH, ROLLOUT_TP and
+# EXPERIMENT_NAME set by the recipe.
+common_sections() {
+    CKPT_DIR=${CKPT_DIR:-$HOME/ckpt/$PROJECT_NAME/$EXPERIMENT_NAME}
+    MODEL=(
+        actor_rollout_ref.model.path="$MODEL_PATH"
+        actor_rollout_ref.model.use_remove_padding=True
+        actor_rollout_ref.model.enable_gradient_checkpointing=True
+    )
+    ACTOR=(
+        actor_rollout_ref.actor.strategy=fsdp
+        actor_rollout_ref.actor.optim.lr="$LR"
+        actor_rollout_ref.actor.ppo_mini_batch_size="$PPO_MINI_BATCH_SIZE"
+        actor_rollout_ref.actor.use_dynamic_bsz=True
+        actor_rollout_ref.actor.ppo_max_token_len_per_gpu=$((MAX_PROMPT_LENGTH + MAX_RESPONSE_LENGTH))
+        actor_rollout_ref.actor.use_kl_loss=True
+        actor_rollout_ref.actor.kl_loss_coef=0.001
+        actor_rollout_ref.actor.kl_loss_type=low_var_kl
+        actor_rollout_ref.actor.entropy_coeff=0
+        actor_rollout_ref.ref.strategy=fsdp
+        actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True
+        actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=$((MAX_PROMPT_LENGTH + MAX_RESPONSE_LENGTH))
+    )
+    ROLLOUT=(
+        actor_rollout_ref.rollout.name=vllm
+        actor_rollout_ref.rollout.mode=async
+        actor_rollout_ref.rollout.n="$ROLLOUT_N"
+        actor_rollout_ref.rollout.tensor_model_parallel_size="$ROLLOUT_TP"
+        actor_rollout_ref.rollout.gpu_memory_utilization="$ROLLOUT_GPU_MEM"
+        actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True
+        actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=$((MAX_PROMPT_LENGTH + MAX_RESPONSE_LENGTH))
+        actor_rollout_ref.rollout.multi_turn.enable=True
+        actor_rollout_ref.rollout.multi_turn.format=hermes
+        actor_rollout_ref.rollout.multi_turn.max_assistant_turns="$MAX_TURNS"
+        actor_rollout_ref.rollout.multi_turn.max_user_turns="$MAX_TURNS"
+        actor_rollout_ref.rollout.multi_turn.max_tool_response_length="$MAX_TOOL_RESPONSE_CHARS"
+        actor_rollout_ref.rollout.agent.default_agent_loop=credit_agent
+        actor_rollout_ref.rollout.val_kwargs.n=1
+    )
+    TRAINER=(
+        trainer.nnodes="$NNODES"
+        trainer.n_gpus_per_node="$GPUS_PER_NODE"
+        trainer.logger="$LOGGER"
+        trainer.project_name="$PROJECT_NAME"
+        trainer.experiment_name="$EXPERIMENT_NAME"
+        trainer.default_local_dir="$CKPT_DIR"
+        trainer.total_epochs="$TOTAL_EPOCHS"
+        trainer.save_freq="$SAVE_FREQ"
+        trainer.test_freq="$TEST_FREQ"
+        trainer.val_before_train=True
+    )
+}
+
+# data + environment (tau2 with its simulated user) on top of common_sections.
+tau2_sections() {
+    common_sections
+    DATA=(
+        data.train_files="$DATA_DIR/train.parquet"
+        data.val_files="$DATA_DIR/test.parquet"
+        data.train_batch_size="$TRAIN_BATCH_SIZE"
+        data.max_prompt_length="$MAX_PROMPT_LENGTH"
+        data.max_response_length="$MAX_RESPONSE_LENGTH"
+        data.filter_overlong_prompts=True
+        data.truncation=error
+        data.return_raw_chat=True
+        +data.apply_chat_template_kwargs.enable_thinking=False
+    )
+    ENVIRONMENT=(
+        credit.env.name=tau2
+        "+credit.env.options.user.base_urls=$(hydra_list "$USER_BASE_URL")"
+        "+credit.env.options.user.model=$USER_MODEL"
+        credit.user.name=env
+        credit.user.max_turns="$MAX_TURNS"
+    )
+    require_data "python scripts/prepare_tau2.py --out $DATA_DIR"
+}
+
+# The prepared parquet files must exist before a real run; $1 says how to make them.
+require_data() {
+    [[ "$DRY_RUN" == 1 ]] && return 0
+    local split
+    for split in train test; do
+        if [[ ! -f "$DATA_DIR/$split.parquet" ]]; then
+            echo "missing $DATA_DIR/$split.parquet: run $1" >&2
+            exit 2
+        fi
+    done
+}
+
+# Fail early (before Ray) when an endpoint the run needs does not answer.
+require_endpoint() {
+    local what=$1 urls=$2 url
+    [[ "$DRY_RUN" == 1 ]] && return 0
+    local IFS=,
+    for url in $urls; do
+        if ! curl -sf --max-time 10 "${url%/}/models" >/dev/null; then
+            echo "$what endpoint $url does not answer (start it with scripts/serve_annotator.sh, or set the URL)" >&2
+            exit 2
+        fi
+    done
+}
+
+# python -m verl_credit.main <overrides...>; DRY_RUN=1 prints the composed config and exits before Ray starts.
+launch_credit_trainer() {
+    if [[ "$DRY_RUN" == 1 ]]; then
+        "$PYTHON" -m verl_credit.main "$@" --cfg job --resolve
+    else
+        "$PYTHON" -m verl_credit.main "$@"
+    fi
+}

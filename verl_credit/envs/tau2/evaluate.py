@@ -1,0 +1,298 @@
+"""tau2-bench evaluation: pass^k from per-trial results, and the runner that produces them.
+
+Metric (tau2 ``metrics/agent_metrics.py``, from tau-bench, arXiv 2406.12045): a trial succeeds when
+its reward is 1 (within 1e-6); for a task with ``n`` trials of which ``c`` succeeded,
+
+    pass^k(task) = C(c, k) / C(n, k)          (the chance that k trials drawn without replacement all succeed)
+
+``pass^k(domain)`` is the mean over the domain's tasks, and the paper's headline number is the
+domain-macro mean ``pass^k = mean over domains of pass^k(domain)`` (airline, retail, telecom),
+reported as a percentage. ``pass^1`` is the mean success rate. As in tau2, ``k`` runs up to the
+smallest number of trials any task has.
+
+Command line::
+
+    python -m verl_credit.envs.tau2.evaluate run --policy-base-url http://HOST:8000/v1 --policy-model policy \
+        --user-base-url http://HOST:8000/v1 --user-model Qwen/Qwen3-32B --split test --trials 4 --out results.jsonl
+    python -m verl_credit.envs.tau2.evaluate score results.jsonl [--json metrics.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import sys
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "PassHatK",
+    "compute_pass_hat_k",
+    "is_success",
+    "main",
+    "pass_hat_k",
+]
+
+SUCCESS_TOLERANCE = 1e-6
+
+
+def is_success(reward: float) -> bool:
+    """tau2's ``is_successful``: reward within 1e-6 of 1."""
+    return (1 - SUCCESS_TOLERANCE) <= float(reward) <= (1 + SUCCESS_TOLERANCE)
+
+
+def pass_hat_k(num_trials: int, num_successes: int, k: int) -> float:
+    """``C(c, k) / C(n, k)`` for one task with ``n`` trials and ``c`` successes."""
+    if not 0 <= num_successes <= num_trials:
+        raise ValueError(f"successes must be in [0, trials], got {num_successes} of {num_trials}")
+    if not 1 <= k <= num_trials:
+        raise ValueError(f"k must be in [1, trials={num_trials}], got {k}")
+    return math.comb(num_successes, k) / math.comb(num_trials, k)
+
+
+@dataclass(frozen=True)
+class PassHatK:
+    """pass^k per domain and domain-macro, for k = 1..max_k (fractions in [0, 1])."""
+
+    max_k: int
+    per_domain: dict[str, dict[int, float]]
+    """``{domain: {k: mean over the domain's tasks of pass^k}}``."""
+    macro: dict[int, float]
+    """``{k: mean over domains of per_domain[domain][k]}`` (the paper's number)."""
+    micro: dict[int, float]
+    """``{k: mean over all tasks}`` (tau2's single-domain ``pass_hat_k``)."""
+    tasks_per_domain: dict[str, int]
+    trials_per_task: dict[str, int]
+    """``{domain: number of trials per task}`` (the minimum, if tasks differ)."""
+    avg_reward: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "max_k": self.max_k,
+            "macro": {f"pass^{k}": v for k, v in self.macro.items()},
+            "micro": {f"pass^{k}": v for k, v in self.micro.items()},
+            "per_domain": {d: {f"pass^{k}": v for k, v in ks.items()} for d, ks in self.per_domain.items()},
+            "tasks_per_domain": self.tasks_per_domain,
+            "trials_per_task": self.trials_per_task,
+            "avg_reward": self.avg_reward,
+        }
+
+
+def compute_pass_hat_k(records: Iterable[Mapping[str, Any]], max_k: int | None = None) -> PassHatK:
+    """pass^k from per-trial records ``{"domain", "task_id", "reward"}`` (one record per trial).
+
+    ``max_k`` defaults to the smallest number of trials any task has (tau2 does the same); asking
+    for more than that raises ``ValueError``.
+    """
+    successes: dict[tuple[str, str], list[bool]] = defaultdict(list)
+    rewards: list[float] = []
+    for number, record in enumerate(records):
+        for key in ("domain", "task_id", "reward"):
+            if key not in record:
+                raise ValueError(f"result record {number} has no {key!r}")
+        successes[(str(record["domain"]), str(record["task_id"]))].append(is_success(record["reward"]))
+        rewards.append(float(record["reward"]))
+    if not successes:
+        raise ValueError("no result records")
+    min_trials = min(len(trials) for trials in successes.values())
+    k_top = min_trials if max_k is None else int(max_k)
+    if not 1 <= k_top <= min_trials:
+        raise ValueError(f"max_k must be in [1, {min_trials}] (the fewest trials of any task), got {max_k}")
+
+    by_domain: dict[str, list[list[bool]]] = defaultdict(list)
+    for (domain, _task_id), trials in sorted(successes.items()):
+        by_domain[domain].append(trials)
+    per_domain = {
+        domain: {
+            k: sum(pass_hat_k(len(trials), sum(trials), k) for trials in tasks) / len(tasks)
+            for k in range(1, k_top + 1)
+        }
+        for domain, tasks in by_domain.items()
+    }
+    all_tasks = [trials for tasks in by_domain.values() for trials in tasks]
+    micro = {k: sum(pass_hat_k(len(t), sum(t), k) for t in all_tasks) / len(all_tasks) for k in range(1, k_top + 1)}
+    macro = {k: sum(values[k] for values in per_domain.values()) / len(per_domain) for k in range(1, k_top + 1)}
+    return PassHatK(
+        max_k=k_top,
+        per_domain=per_domain,
+        macro=macro,
+        micro=micro,
+        tasks_per_domain={domain: len(tasks) for domain, tasks in by_domain.items()},
+        trials_per_task={domain: min(len(t) for t in tasks) for domain, tasks in by_domain.items()},
+        avg_reward=sum(rewards) / len(rewards),
+    )
+
+
+def format_table(result: PassHatK) -> str:
+    """Plain-text table: one row per domain and a macro row, pass^k in percent."""
+    ks = range(1, result.max_k + 1)
+    header = "domain     tasks  " + "  ".join(f"pass^{k:<3d}" for k in ks)
+    lines = [header]
+    for domain, values in sorted(result.per_domain.items()):
+        cells = "  ".join(f"{100 * values[k]:8.2f}" for k in ks)
+        lines.append(f"{domain:<10} {result.tasks_per_domain[domain]:5d}  {cells}")
+    lines.append(
+        f"{'macro':<10} {sum(result.tasks_per_domain.values()):5d}  "
+        + "  ".join(f"{100 * result.macro[k]:8.2f}" for k in ks)
+    )
+    return "\n".join(lines)
+
+
+# -- command line --------------------------------------------------------------------------------
+
+
+def _read_records(path: Path) -> list[dict[str, Any]]:
+    records = []
+    with path.open() as handle:
+        for line_number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path}:{line_number}: not JSON ({error.msg})") from None
+    return records
+
+
+def _score(args: argparse.Namespace) -> int:
+    result = compute_pass_hat_k(_read_records(Path(args.results)), max_k=args.k)
+    print(format_table(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result.to_json(), indent=2) + "\n")
+    return 0
+
+
+def _episodes(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """``[{"domain", "task_id", "trial"}]`` from ``--data`` (prepared parquet) or the tau2 ``--split``."""
+    if args.data:
+        import pandas as pd
+
+        frame = pd.read_parquet(args.data)
+        tasks = [(str(info["domain"]), str(info["task_id"])) for info in frame["extra_info"]]
+        tasks = [t for t in tasks if t[0] in args.domains]
+    else:
+        from verl_credit.envs.tau2.domains import load_split
+
+        tasks = [(domain, task.id) for domain in args.domains for task in load_split(domain, args.split)]
+    return [{"domain": d, "task_id": t, "trial": trial} for d, t in tasks for trial in range(args.trials)]
+
+
+async def _run_all(args: argparse.Namespace, episodes: list[dict[str, Any]]) -> None:
+    import httpx
+
+    from verl_credit.envs.tau2.env import Tau2Environment
+    from verl_credit.envs.tau2.runner import PolicyClient, PolicyConfig, run_episode
+
+    policy_config = PolicyConfig(
+        base_url=args.policy_base_url,
+        model=args.policy_model,
+        temperature=args.temperature,
+        max_tokens=args.max_tokens,
+    )
+    semaphore = asyncio.Semaphore(args.concurrency)
+    out = Path(args.out)
+    lock = asyncio.Lock()
+    async with httpx.AsyncClient(timeout=policy_config.timeout_s) as client:
+        policy = PolicyClient(policy_config, client)
+
+        async def one(episode: dict[str, Any]) -> None:
+            async with semaphore:
+                seed = args.seed + episode["trial"]
+                user = {"base_urls": args.user_base_url, "model": args.user_model, "seed": seed}
+                env = Tau2Environment(user=user)
+                try:
+                    result = await run_episode(
+                        env, episode, policy, trial=episode["trial"], max_turns=args.max_turns, seed=seed
+                    )
+                finally:
+                    await env.close()
+                async with lock:
+                    with out.open("a") as handle:
+                        handle.write(json.dumps(result.to_record(with_messages=args.save_messages)) + "\n")
+
+        await asyncio.gather(*(one(episode) for episode in episodes))
+
+
+def _run(args: argparse.Namespace) -> int:
+    args.domains = [d for d in args.domains.split(",") if d]
+    episodes = _episodes(args)
+    out = Path(args.out)
+    done: set[tuple[str, str, int]] = set()
+    if out.exists():
+        done = {(str(r["domain"]), str(r["task_id"]), int(r["trial"])) for r in _read_records(out)}
+    todo = [e for e in episodes if (e["domain"], e["task_id"], e["trial"]) not in done]
+    plan = {
+        "episodes": len(episodes),
+        "todo": len(todo),
+        "tasks_per_domain": {d: len({e["task_id"] for e in episodes if e["domain"] == d}) for d in args.domains},
+        "trials": args.trials,
+        "max_turns": args.max_turns,
+        "policy": {"base_url": args.policy_base_url, "model": args.policy_model, "temperature": args.temperature},
+        "user": {"base_urls": args.user_base_url, "model": args.user_model},
+        "out": str(out),
+    }
+    print(json.dumps(plan), flush=True)
+    if args.dry_run:
+        return 0
+    out.parent.mkdir(parents=True, exist_ok=True)
+    asyncio.run(_run_all(args, todo))
+    result = compute_pass_hat_k(_read_records(out))
+    print(format_table(result))
+    metrics_path = out.with_suffix(".metrics.json")
+    metrics_path.write_text(json.dumps(result.to_json(), indent=2) + "\n")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m verl_credit.envs.tau2.evaluate", description=__doc__.split("\n")[0]
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="play every task of a split `--trials` times against a served policy")
+    run.add_argument("--policy-base-url", required=True, help="OpenAI-compatible endpoint of the policy (…/v1)")
+    run.add_argument("--policy-model", required=True, help="served model name of the policy")
+    run.add_argument("--user-base-url", action="append", required=True, help="user-simulator endpoint(s) (…/v1)")
+    run.add_argument("--user-model", required=True, help="served model name of the user simulator")
+    run.add_argument("--split", default="test", help="tau2 task split (default: test)")
+    run.add_argument("--data", default=None, help="a prepared parquet (scripts/prepare_tau2.py) instead of --split")
+    run.add_argument("--domains", default="airline,retail,telecom")
+    run.add_argument("--trials", type=int, default=4)
+    run.add_argument("--max-turns", type=int, default=30, help="assistant turns per episode")
+    run.add_argument("--temperature", type=float, default=0.0, help="policy sampling temperature (tau2 default 0)")
+    run.add_argument("--max-tokens", type=int, default=4096, help="policy tokens per turn")
+    run.add_argument("--seed", type=int, default=300, help="trial t uses seed + t (tau2's default seed: 300)")
+    run.add_argument("--concurrency", type=int, default=32, help="episodes in flight")
+    run.add_argument("--out", required=True, help="results JSONL (appended; finished trials are skipped)")
+    run.add_argument("--save-messages", action="store_true", help="keep each transcript in the results")
+    run.add_argument("--dry-run", action="store_true", help="print the plan and exit without any request")
+    run.set_defaults(func=_run)
+
+    score = sub.add_parser("score", help="pass^k per domain and domain-macro from a results JSONL")
+    score.add_argument("results")
+    score.add_argument("--k", type=int, default=None, help="largest k (default: fewest trials of any task)")
+    score.add_argument("--json", default=None, help="also write the metrics as JSON here")
+    score.set_defaults(func=_score)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    for name in ("trials", "max_turns", "concurrency"):
+        if getattr(args, name, 1) < 1:
+            print(f"evaluate: error: --{name.replace('_', '-')} must be >= 1", file=sys.stderr)
+            return 2
+    try:
+        return int(args.func(args))
+    except (ValueError, FileNotFoundError) as error:
+        print(f"evaluate: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

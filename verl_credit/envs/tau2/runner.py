@@ -1,0 +1,204 @@
+"""Run tau2 episodes with a policy served behind an OpenAI-compatible endpoint (evaluation).
+
+The episode loop is the one the ``credit_agent`` loop runs in training (``verl_credit.envs.base``):
+system prompt + the simulated user's first message, then per assistant turn either the tool calls
+(each executed by the environment, results appended as ``tool`` messages) or, for a text turn, the
+simulated user's reply; the episode ends when the user stops or after ``max_turns`` assistant turns.
+The policy is asked with the domain's tools and ``chat_template_kwargs.enable_thinking=false``
+(Qwen3 thinking off, as in training); tool-call arguments that are not a JSON object come back
+to the policy as an error result without touching the environment, as verl's tool loop does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from verl_credit.envs.base import Environment
+
+__all__ = ["EpisodeResult", "PolicyClient", "PolicyConfig", "run_episode"]
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """The evaluated policy's endpoint (e.g. ``vllm serve CKPT --enable-auto-tool-choice``)."""
+
+    base_url: str
+    model: str
+    temperature: float = 0.0
+    max_tokens: int = 4096
+    timeout_s: float = 600.0
+    max_retries: int = 4
+    api_key: str = "EMPTY"
+    extra_body: Mapping[str, Any] = field(default_factory=lambda: {"chat_template_kwargs": {"enable_thinking": False}})
+
+    def __post_init__(self) -> None:
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ValueError(f"policy base_url must be an http(s) URL, got {self.base_url!r}")
+        if not self.model:
+            raise ValueError("policy model must be a non-empty served model name")
+        if self.temperature < 0 or self.max_tokens < 1:
+            raise ValueError(
+                f"policy temperature must be >= 0 and max_tokens >= 1, got {self.temperature}, {self.max_tokens}"
+            )
+
+
+class PolicyClient:
+    """Chat completions with tools against the policy endpoint (retries on connection errors, 429, 5xx)."""
+
+    def __init__(self, config: PolicyConfig, client: httpx.AsyncClient) -> None:
+        self.config = config
+        self._client = client
+        self._url = config.base_url.rstrip("/") + "/chat/completions"
+
+    async def complete(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], seed: int | None = None
+    ) -> dict[str, Any]:
+        """The assistant message (``content`` and/or ``tool_calls``) for ``messages``."""
+        body: dict[str, Any] = {
+            "model": self.config.model,
+            "messages": messages,
+            "temperature": self.config.temperature,
+            "max_tokens": self.config.max_tokens,
+            **dict(self.config.extra_body),
+        }
+        if tools:
+            body["tools"] = tools
+            body["tool_choice"] = "auto"
+        if seed is not None:
+            body["seed"] = seed
+        last_error = ""
+        for attempt in range(self.config.max_retries + 1):
+            if attempt:
+                await asyncio.sleep(min(0.5 * 2 ** (attempt - 1), 8.0))
+            try:
+                response = await self._client.post(
+                    self._url,
+                    json=body,
+                    headers={"Authorization": f"Bearer {self.config.api_key}"},
+                    timeout=self.config.timeout_s,
+                )
+            except httpx.TransportError as error:
+                last_error = f"{type(error).__name__}: {error}"
+                continue
+            if response.status_code == 429 or response.status_code >= 500:
+                last_error = f"HTTP {response.status_code}"
+                continue
+            if response.status_code != 200:
+                raise RuntimeError(f"policy {self._url} answered HTTP {response.status_code}: {response.text[:300]}")
+            try:
+                return dict(response.json()["choices"][0]["message"])
+            except (ValueError, KeyError, IndexError, TypeError):
+                raise RuntimeError(
+                    f"policy {self._url} reply has no choices[0].message: {response.text[:300]}"
+                ) from None
+        raise RuntimeError(f"policy {self._url} failed after {self.config.max_retries + 1} attempts: {last_error}")
+
+
+@dataclass
+class EpisodeResult:
+    """One trial of one task (a line of the results JSONL)."""
+
+    domain: str
+    task_id: str
+    trial: int
+    reward: float
+    termination: str | None
+    assistant_turns: int
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    reward_info: dict[str, Any] | None = None
+
+    def to_record(self, with_messages: bool = False) -> dict[str, Any]:
+        record = {
+            "domain": self.domain,
+            "task_id": self.task_id,
+            "trial": self.trial,
+            "reward": self.reward,
+            "termination": self.termination,
+            "assistant_turns": self.assistant_turns,
+            "reward_info": self.reward_info,
+        }
+        if with_messages:
+            record["messages"] = self.messages
+        return record
+
+
+def _assistant_message(reply: Mapping[str, Any]) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": reply.get("content") or ""}
+    if reply.get("tool_calls"):
+        message["tool_calls"] = [
+            {
+                "id": call.get("id") or f"call_{index}",
+                "type": "function",
+                "function": {
+                    "name": (call.get("function") or {}).get("name", ""),
+                    "arguments": (call.get("function") or {}).get("arguments") or "{}",
+                },
+            }
+            for index, call in enumerate(reply["tool_calls"])
+        ]
+    return message
+
+
+def _parse_arguments(raw: Any) -> dict[str, Any] | None:
+    if isinstance(raw, Mapping):
+        return dict(raw)
+    try:
+        value = json.loads(raw)
+    except (TypeError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+async def run_episode(
+    env: Environment,
+    task: Mapping[str, Any],
+    policy: PolicyClient,
+    *,
+    trial: int = 0,
+    max_turns: int = 30,
+    seed: int | None = None,
+) -> EpisodeResult:
+    """Play one episode of ``task`` (``{"domain", "task_id"}``) and return tau2's reward for it."""
+    start = await env.start(task)
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": start.system_prompt},
+        {"role": "user", "content": start.first_user_message},
+    ]
+    turns = 0
+    done = bool(start.info.get("user_done"))
+    while not done and turns < max_turns:
+        reply = await policy.complete(messages, start.tools, seed=seed)
+        message = _assistant_message(reply)
+        messages.append(message)
+        turns += 1
+        if message.get("tool_calls"):
+            for call in message["tool_calls"]:
+                arguments = _parse_arguments(call["function"]["arguments"])
+                if arguments is None:
+                    content = "Error: tool arguments must be a JSON object"
+                else:
+                    content = (await env.call_tool(call["function"]["name"], arguments)).content
+                messages.append({"role": "tool", "tool_call_id": call["id"], "content": content})
+            continue
+        turn = await env.user_turn(messages)
+        if turn.content:
+            messages.append({"role": "user", "content": turn.content})
+        done = turn.done or not turn.content
+    reward = float(await env.reward())
+    info = getattr(env, "reward_info", None)
+    return EpisodeResult(
+        domain=str(task["domain"]),
+        task_id=str(task["task_id"]),
+        trial=trial,
+        reward=reward,
+        termination=getattr(env, "termination", None),
+        assistant_turns=turns,
+        messages=messages,
+        reward_info=info.model_dump(mode="json") if hasattr(info, "model_dump") else None,
+    )
