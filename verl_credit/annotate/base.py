@@ -11,6 +11,7 @@ chain; a module registers its class with :func:`register_annotator`.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -155,11 +156,23 @@ def register_annotator(name: str) -> Callable[[type[Annotator]], type[Annotator]
 
 
 def build_annotator(name: str, **options: Any) -> Annotator:
-    """Instantiate a registered annotator; unknown names list the registered ones."""
+    """Instantiate a registered annotator; unknown names list the registered ones.
+
+    ``cache_path`` wraps annotators that do not cache themselves in a ``CachedAnnotator``.
+    """
     _import_builtin_annotators()
     if name not in ANNOTATORS:
         raise ValueError(f"unknown annotator {name!r}; registered: {sorted(ANNOTATORS)}")
-    return ANNOTATORS[name](**options)
+    factory = ANNOTATORS[name]
+    cache_path = options.pop("cache_path", None)
+    if cache_path is not None and "cache_path" in inspect.signature(factory).parameters:
+        return factory(cache_path=cache_path, **options)
+    annotator = factory(**options)
+    if cache_path is not None:
+        from verl_credit.annotate.cache import CachedAnnotator
+
+        return CachedAnnotator(annotator, cache_path)
+    return annotator
 
 
 def _import_builtin_annotators() -> None:

@@ -97,6 +97,7 @@ def print_summary(out: str, estimator: str, count: int, metrics: dict[str, float
     rows = [
         ("fallback rate", metrics.get("credit/fallback_rate")),
         ("repaired edges", metrics.get("credit/repaired_edges")),
+        ("cache hit rate", metrics.get("credit/cache_hit_rate")),
         ("w+ std", metrics.get("credit/w_pos_std")),
         ("w+ min", metrics.get("credit/w_pos_min")),
         ("w+ max", metrics.get("credit/w_pos_max")),

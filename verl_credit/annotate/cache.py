@@ -1,0 +1,297 @@
+"""Persistent annotation cache: sqlite on disk, shared by many processes (DESIGN.md section 5).
+
+Key: ``sha256`` of the canonical JSON (sorted keys, compact, UTF-8) of
+``[transcript messages, annotator name, model id, prompt version]``. Value: the serialized
+graph (section 2.1 JSON), with the result's ``source`` and ``uncertain`` flag beside it.
+
+Concurrency and crash safety come from sqlite itself:
+
+* WAL journal: readers never block writers and writers never block readers; writers from many
+  processes (agent-loop workers, CLI runs) take turns on the write lock, waiting up to
+  ``busy_timeout_s``;
+* every write is its own transaction (``BEGIN IMMEDIATE`` ... ``INSERT OR REPLACE`` ...
+  ``COMMIT``): a writer killed at any point (even ``SIGKILL`` mid-transaction) leaves either the
+  committed row or nothing -- the next opener rolls the WAL back to the last commit;
+* ``synchronous=NORMAL`` (the default here) is durable against process crashes; pass
+  ``synchronous="FULL"`` to also survive power loss at some write cost.
+
+Only successful annotations are stored (never a fallback), so a failure is retried next time.
+A connection belongs to the process that opened it: after a ``fork`` the cache reopens itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from verl_credit.annotate.base import AnnotationResult, Annotator
+from verl_credit.graph import validate_graph
+from verl_credit.trajectory import Trajectory
+
+__all__ = [
+    "CacheEntry",
+    "CachedAnnotator",
+    "GraphCache",
+    "annotate_with_cache",
+    "annotator_identity",
+    "cache_key",
+    "canonical_transcript",
+]
+
+_LOG = logging.getLogger(__name__)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS graphs (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL,
+    source TEXT NOT NULL,
+    uncertain INTEGER NOT NULL DEFAULT 0,
+    annotator TEXT NOT NULL,
+    model TEXT NOT NULL,
+    prompt_version TEXT NOT NULL,
+    created REAL NOT NULL
+)
+"""
+
+
+def canonical_transcript(messages: list[dict[str, Any]]) -> str:
+    """The transcript as canonical JSON: sorted keys, no whitespace, UTF-8 characters kept."""
+    return json.dumps(messages, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def cache_key(messages: list[dict[str, Any]], annotator: str, model: str, prompt_version: str) -> str:
+    """``sha256`` hex digest of ``[messages, annotator, model, prompt_version]`` in canonical JSON."""
+    payload = json.dumps(
+        [messages, annotator, model, prompt_version], sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    )
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+
+
+def annotator_identity(annotator: Annotator) -> tuple[str, str, str]:
+    """``(name, model id, prompt version)`` of an annotator, for its cache keys.
+
+    ``model`` and ``prompt_version`` (or ``version``) are read from attributes when present;
+    an annotator without them (the rule annotator) is identified by its name alone.
+    """
+    model = getattr(annotator, "model", "") or ""
+    version = getattr(annotator, "prompt_version", None) or getattr(annotator, "version", "") or ""
+    return annotator.name, str(model), str(version)
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """A stored annotation: the graph JSON and what produced it."""
+
+    graph: dict[str, Any]
+    source: str
+    uncertain: bool
+
+
+class GraphCache:
+    """sqlite-backed map ``key -> graph`` with hit/miss counters.
+
+    Args:
+        path: database file (created with its directory if missing).
+        busy_timeout_s: how long a writer waits for another process's write lock.
+        synchronous: sqlite ``synchronous`` pragma (``NORMAL`` or ``FULL``).
+    """
+
+    def __init__(self, path: str | Path, busy_timeout_s: float = 60.0, synchronous: str = "NORMAL"):
+        if synchronous.upper() not in ("NORMAL", "FULL", "EXTRA"):
+            raise ValueError(f"cache synchronous must be NORMAL, FULL or EXTRA, got {synchronous!r}")
+        self.path = Path(path)
+        self.busy_timeout_s = busy_timeout_s
+        self.synchronous = synchronous.upper()
+        self.hits = 0
+        self.misses = 0
+        self.writes = 0
+        self.errors = 0
+        """sqlite errors swallowed by :func:`annotate_with_cache` (each also logged)."""
+        self._lock = threading.Lock()
+        self._connection: sqlite3.Connection | None = None
+        self._pid = -1
+        self._connect()
+
+    # -- connection --------------------------------------------------------------------------
+    def _connect(self) -> sqlite3.Connection:
+        if self._connection is not None and self._pid == os.getpid():
+            return self._connection
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # isolation_level=None: no implicit transactions; every write below opens its own.
+        connection = sqlite3.connect(
+            str(self.path), timeout=self.busy_timeout_s, isolation_level=None, check_same_thread=False
+        )
+        connection.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
+        deadline = time.monotonic() + self.busy_timeout_s
+        while True:  # switching to WAL needs a moment of exclusivity; another opener may hold it
+            try:
+                mode = connection.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                connection.execute(f"PRAGMA synchronous = {self.synchronous}")
+                connection.execute(_SCHEMA)
+                break
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    connection.close()
+                    raise
+                time.sleep(0.01)
+        if str(mode).lower() != "wal":
+            connection.close()
+            raise RuntimeError(f"{self.path}: sqlite refused WAL mode (journal_mode={mode}); use a local disk")
+        self._connection, self._pid = connection, os.getpid()
+        return connection
+
+    def close(self) -> None:
+        with self._lock:
+            if self._connection is not None and self._pid == os.getpid():
+                self._connection.close()
+            self._connection = None
+
+    def __enter__(self) -> GraphCache:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    # -- reads and writes --------------------------------------------------------------------
+    def get(self, key: str) -> CacheEntry | None:
+        """The entry under ``key`` or ``None``; counts a hit or a miss."""
+        with self._lock:
+            row = (
+                self._connect().execute("SELECT value, source, uncertain FROM graphs WHERE key = ?", (key,)).fetchone()
+            )
+            if row is None:
+                self.misses += 1
+                return None
+            self.hits += 1
+        return CacheEntry(json.loads(row[0]), row[1], bool(row[2]))
+
+    def put(
+        self,
+        key: str,
+        graph: dict[str, Any],
+        source: str,
+        uncertain: bool = False,
+        identity: tuple[str, str, str] = ("", "", ""),
+    ) -> None:
+        """Store one entry in its own transaction (``INSERT OR REPLACE``)."""
+        self.put_many([(key, graph, source, uncertain, identity)])
+
+    def put_many(self, entries: Iterable[tuple[str, dict[str, Any], str, bool, tuple[str, str, str]]]) -> int:
+        """Store several entries in ONE transaction: all of them or, after a crash, none.
+
+        ``entries`` yields ``(key, graph, source, uncertain, (annotator, model, prompt_version))``.
+        Returns the number written.
+        """
+        count = 0
+        with self._lock:
+            connection = self._connect()
+            connection.execute("BEGIN IMMEDIATE")
+            try:
+                for key, graph, source, uncertain, (annotator, model, version) in entries:
+                    connection.execute(
+                        "INSERT OR REPLACE INTO graphs (key, value, source, uncertain, annotator, model, "
+                        "prompt_version, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        (
+                            key,
+                            json.dumps(graph, separators=(",", ":"), ensure_ascii=False),
+                            source,
+                            int(uncertain),
+                            annotator,
+                            model,
+                            version,
+                            time.time(),
+                        ),
+                    )
+                    count += 1
+                connection.execute("COMMIT")
+            except BaseException:
+                connection.execute("ROLLBACK")
+                raise
+            self.writes += count
+        return count
+
+    def __len__(self) -> int:
+        with self._lock:
+            return int(self._connect().execute("SELECT COUNT(*) FROM graphs").fetchone()[0])
+
+    def keys(self) -> list[str]:
+        with self._lock:
+            return [row[0] for row in self._connect().execute("SELECT key FROM graphs ORDER BY key")]
+
+    def record_error(self, operation: str, error: Exception) -> None:
+        """Count (and log) a failed cache operation that the caller chose to survive."""
+        self.errors += 1
+        _LOG.warning("annotation cache %s %s failed: %s", self.path, operation, error)
+
+    @property
+    def hit_rate(self) -> float:
+        lookups = self.hits + self.misses
+        return self.hits / lookups if lookups else 0.0
+
+    def stats(self) -> dict[str, float]:
+        return {
+            "hits": self.hits,
+            "misses": self.misses,
+            "writes": self.writes,
+            "errors": self.errors,
+            "hit_rate": self.hit_rate,
+        }
+
+
+async def annotate_with_cache(
+    cache: GraphCache,
+    identity: tuple[str, str, str],
+    trajectory: Trajectory,
+    annotate: Callable[[Trajectory], Awaitable[AnnotationResult]],
+) -> AnnotationResult:
+    """Cached ``await annotate(trajectory)``: a hit returns the stored graph with ``cached=True``;
+    a miss annotates and stores the result unless it is a fallback."""
+    key = cache_key(trajectory.messages, *identity)
+    try:
+        entry = cache.get(key)
+    except (sqlite3.Error, ValueError) as exc:  # an unreadable cache must not stop training
+        cache.record_error("get", exc)
+        entry = None
+    if entry is not None:
+        graph, validation = validate_graph(entry.graph, trajectory.num_actions)
+        if not validation.fallback:
+            return AnnotationResult(graph, validation, entry.source, cached=True, uncertain=entry.uncertain)
+        # a stored graph that no longer fits (should not happen): annotate afresh and overwrite
+    result: AnnotationResult = await annotate(trajectory)
+    if not result.fallback:
+        try:
+            cache.put(key, result.graph.to_json(), result.source, result.uncertain, identity)
+        except sqlite3.Error as exc:  # e.g. locked past busy_timeout, disk full: the result is still good
+            cache.record_error("put", exc)
+    return result
+
+
+class CachedAnnotator(Annotator):
+    """Any annotator behind a :class:`GraphCache`; results from the cache have ``cached=True``.
+
+    The key uses :func:`annotator_identity` of the wrapped annotator, so the same database can
+    hold graphs of several annotators, models and prompt versions side by side.
+    """
+
+    def __init__(self, inner: Annotator, cache: GraphCache | str | Path):
+        self.inner = inner
+        self.cache = cache if isinstance(cache, GraphCache) else GraphCache(cache)
+        self.name = inner.name
+        self.concurrency = inner.concurrency
+        self.identity = annotator_identity(inner)
+
+    async def annotate_one(self, trajectory: Trajectory) -> AnnotationResult:
+        return await annotate_with_cache(self.cache, self.identity, trajectory, self.inner.annotate_one)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+        self.cache.close()

@@ -1,0 +1,118 @@
+"""``verl-credit annotate``: rollouts JSONL -> graphs JSONL (DESIGN.md section 8).
+
+A record that carries its own ``graph`` keeps it (validated, ``source = "given"``); every other
+trajectory goes to the chosen annotator, behind the sqlite cache when ``--cache`` is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from tqdm import tqdm
+
+from verl_credit.annotate.base import AnnotationResult, AnnotationStats, Annotator, build_annotator
+from verl_credit.io import count_lines, load_trajectories, write_jsonl
+from verl_credit.pipeline import annotate_trajectories
+
+LLM_ANNOTATORS = ("llm", "hybrid")
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "annotate",
+        help="annotate rollouts with influence graphs (rules, llm or hybrid)",
+        description="Read a rollouts JSONL and write one influence graph per trajectory.",
+    )
+    parser.add_argument("--input", required=True, help="rollouts JSONL (DESIGN.md section 8)")
+    parser.add_argument("--out", required=True, help="graphs JSONL to write")
+    parser.add_argument("--annotator", default="rules", help="rules | llm | hybrid")
+    parser.add_argument(
+        "--base-url",
+        action="append",
+        default=None,
+        help="OpenAI-compatible endpoint of the LLM annotator (repeatable, used round-robin)",
+    )
+    parser.add_argument("--model", default=None, help="served model name of the LLM annotator")
+    parser.add_argument("--cache", default=None, help="sqlite annotation cache (created if missing)")
+    parser.add_argument("--concurrency", type=int, default=None, help="trajectories / requests in flight")
+    parser.add_argument("--timeout", type=float, default=None, help="seconds per LLM request")
+    parser.add_argument("--max-retries", type=int, default=None, help="retries per LLM request")
+    parser.add_argument(
+        "--fallback", choices=("rules", "uniform"), default=None, help="graph used when the LLM fails (default rules)"
+    )
+    parser.set_defaults(run=run)
+
+
+def build_cli_annotator(args: argparse.Namespace) -> Annotator:
+    """The annotator the flags describe, wrapped in the cache when ``--cache`` is given."""
+    options: dict[str, Any] = {}
+    if args.annotator in LLM_ANNOTATORS:
+        flags = {
+            "base_urls": args.base_url,
+            "model": args.model,
+            "concurrency": args.concurrency,
+            "timeout": args.timeout,
+            "max_retries": args.max_retries,
+            "fallback": args.fallback,
+        }
+        options = {key: value for key, value in flags.items() if value is not None}
+    elif args.base_url or args.model or args.fallback or args.timeout is not None or args.max_retries is not None:
+        raise ValueError(
+            f"--base-url/--model/--timeout/--max-retries/--fallback apply to the llm and hybrid "
+            f"annotators, not {args.annotator!r}"
+        )
+    if args.concurrency is not None and args.concurrency < 1:
+        raise ValueError(f"--concurrency must be >= 1, got {args.concurrency}")
+    annotator = build_annotator(args.annotator, **options)
+    if args.concurrency is not None:
+        annotator.concurrency = args.concurrency
+    if args.cache:
+        from verl_credit.annotate.cache import CachedAnnotator
+
+        annotator = CachedAnnotator(annotator, args.cache)
+    return annotator
+
+
+def format_summary(stats: AnnotationStats, results: list[AnnotationResult], annotator: Annotator) -> list[str]:
+    """The closing summary: parse rate, fallback rate, cache hits (and the LLM's request counts)."""
+    given = sum(result.source == "given" for result in results)
+    lines = [
+        f"  parse rate      {stats.parse_rate:.1%}",
+        f"  fallback rate   {stats.fallback_rate:.1%} ({stats.fallbacks})",
+        f"  cache hits      {stats.cache_hits} ({stats.cache_hit_rate:.1%})",
+        f"  repaired edges  {stats.repaired_edges}",
+        f"  given graphs    {given}",
+        f"  by source       {', '.join(f'{k}={v}' for k, v in sorted(stats.by_source.items()))}",
+    ]
+    inner = getattr(annotator, "inner", annotator)
+    llm = getattr(inner, "llm", inner)
+    llm_stats = getattr(llm, "stats", None)
+    if llm_stats is not None and hasattr(llm_stats, "as_dict"):
+        data = llm_stats.as_dict()
+        failures = ", ".join(f"{k}={v}" for k, v in data["failures"].items()) or "none"
+        lines.append(f"  llm requests    {data['requests']} (retries {data['retries']}, failures: {failures})")
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    total = count_lines(args.input)
+    with tqdm(total=total, desc="read", unit="traj", file=sys.stderr, disable=None) as bar:
+        trajectories = []
+        for _, trajectory in load_trajectories(args.input):
+            trajectories.append(trajectory)
+            bar.update(1)
+    if not trajectories:
+        raise ValueError(f"{args.input}: no trajectories")
+    annotator = build_cli_annotator(args)
+    with tqdm(
+        total=len(trajectories), desc=f"annotate:{args.annotator}", unit="traj", file=sys.stderr, disable=None
+    ) as bar:
+        results, stats = annotate_trajectories(trajectories, annotator, progress=bar.update)
+    records = (result.to_record(t.id, args.annotator) for t, result in zip(trajectories, results, strict=True))
+    write_jsonl(args.out, records)
+    print(f"wrote {len(results)} graphs to {args.out} (annotator={args.annotator})")
+    for line in format_summary(stats, results, annotator):
+        print(line)
+    return 0
