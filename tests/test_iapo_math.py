@@ -182,3 +182,6 @@ def test_bad_config_values_name_the_key(key: str, value) -> None:
         IAPOConfig(**{key: value})
     with pytest.raises(ValueError, match=r"credit\.iapo\.bogus"):
         CreditConfig.from_mapping({"iapo": {"bogus": 1}})
+    with pytest.raises(ValueError, match=r"credit\.bogus"):
+        CreditConfig.from_mapping({"bogus": 1})
+    assert CreditConfig.from_mapping({"bogus": 1}, ignore=["bogus"]) == CreditConfig()

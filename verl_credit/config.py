@@ -6,7 +6,7 @@ the CLI flags build the same objects. Bad values raise ``ValueError`` naming the
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -105,9 +105,15 @@ class CreditConfig:
             raise ValueError(f"credit estimator must be one of {ESTIMATORS}, got {self.estimator!r}")
 
     @classmethod
-    def from_mapping(cls, values: Mapping[str, Any] | None = None, **overrides: Any) -> CreditConfig:
-        """Build from a (Hydra) mapping; unknown keys raise ``ValueError`` naming the key."""
-        merged: dict[str, Any] = dict(values or {})
+    def from_mapping(
+        cls, values: Mapping[str, Any] | None = None, *, ignore: Sequence[str] = (), **overrides: Any
+    ) -> CreditConfig:
+        """Build from a (Hydra) mapping; unknown keys raise ``ValueError`` naming the key.
+
+        ``ignore`` names top-level keys that belong to other consumers (the trainer's ``credit``
+        node also holds ``annotator``, ``user``, ``env``, ``layout``).
+        """
+        merged: dict[str, Any] = {k: v for k, v in dict(values or {}).items() if k not in ignore}
         merged.update(overrides)
         iapo = _build(IAPOConfig, merged.pop("iapo", None) or {}, "credit.iapo")
         call_credit_values = dict(merged.pop("call_credit", None) or {})
@@ -115,8 +121,10 @@ class CreditConfig:
             call_credit_values["omega"] = dict(call_credit_values["omega"])
         call_credit = _build(CallCreditConfig, call_credit_values, "credit.call_credit")
         top = {f.name for f in fields(cls)} - {"iapo", "call_credit"}
-        known = {k: v for k, v in merged.items() if k in top}
-        return cls(iapo=iapo, call_credit=call_credit, **known)
+        unknown = sorted(set(merged) - top)
+        if unknown:
+            raise ValueError(f"unknown key(s) {', '.join('credit.' + k for k in unknown)}; known: {sorted(top)}")
+        return cls(iapo=iapo, call_credit=call_credit, **merged)
 
 
 def _build(kind: type, values: Mapping[str, Any], prefix: str) -> Any:

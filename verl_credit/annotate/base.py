@@ -26,6 +26,7 @@ __all__ = [
     "AnnotationResult",
     "AnnotationStats",
     "Annotator",
+    "annotator_class",
     "build_annotator",
     "register_annotator",
 ]
@@ -155,15 +156,20 @@ def register_annotator(name: str) -> Callable[[type[Annotator]], type[Annotator]
     return decorator
 
 
+def annotator_class(name: str) -> Callable[..., Annotator]:
+    """The registered annotator factory for ``name`` (built-ins imported on first use)."""
+    _import_builtin_annotators()
+    if name not in ANNOTATORS:
+        raise ValueError(f"unknown annotator {name!r}; registered: {sorted(ANNOTATORS)}")
+    return ANNOTATORS[name]
+
+
 def build_annotator(name: str, **options: Any) -> Annotator:
     """Instantiate a registered annotator; unknown names list the registered ones.
 
     ``cache_path`` wraps annotators that do not cache themselves in a ``CachedAnnotator``.
     """
-    _import_builtin_annotators()
-    if name not in ANNOTATORS:
-        raise ValueError(f"unknown annotator {name!r}; registered: {sorted(ANNOTATORS)}")
-    factory = ANNOTATORS[name]
+    factory = annotator_class(name)
     cache_path = options.pop("cache_path", None)
     if cache_path is not None and "cache_path" in inspect.signature(factory).parameters:
         return factory(cache_path=cache_path, **options)

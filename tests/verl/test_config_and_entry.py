@@ -1,0 +1,240 @@
+"""The ``credit`` Hydra node, its validation, and the start-up checks of both entry points.
+
+* the credit config composes with verl's ``ppo_trainer`` and every ``credit.*`` key is
+  overridable on the command line without ``+``;
+* bad values are rejected with a ``ValueError`` naming the key, and ``python -m verl_credit.main``
+  exits non-zero with the key on stderr before Ray starts;
+* a credit estimator selected with a trainer that cannot supply graphs fails at start-up, both
+  through ``python -m verl_credit.main`` and through verl's own ``python -m verl.trainer.main_ppo``
+  (the plugin puts the check in front of verl's ``validate_config``), and the legacy-registry
+  estimators fail with the same message when called.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from verl_helpers import compose_credit_config
+
+from verl_credit.verl.settings import load_settings
+
+# A valid non-default value for every leaf of the credit node (the test below fails when a key is
+# added to the yaml without being listed here).
+OVERRIDES: dict[str, tuple[str, object]] = {
+    "credit.estimator": ("call_credit", "call_credit"),
+    "credit.norm_adv_by_std_in_grpo": ("false", False),
+    "credit.epsilon": ("1e-5", 1e-5),
+    "credit.layout": ("per_request", "per_request"),
+    "credit.iapo.beta_plus": ("0.3", 0.3),
+    "credit.iapo.clip_c": ("0.5", 0.5),
+    "credit.iapo.neg_route": ("projected", "projected"),
+    "credit.iapo.beta_minus": ("0.2", 0.2),
+    "credit.iapo.eps": ("1e-5", 1e-5),
+    "credit.call_credit.mode": ("paper", "paper"),
+    "credit.call_credit.smoothing": ("0.0", 0.0),
+    "credit.call_credit.gamma": ("0.9", 0.9),
+    "credit.call_credit.alpha": ("0.25", 0.25),
+    "credit.call_credit.omega.AE": ("2.0", 2.0),
+    "credit.call_credit.omega.IG": ("0.5", 0.5),
+    "credit.call_credit.omega.RV": ("0.3", 0.3),
+    "credit.call_credit.rv_reward": ("self_correction", "self_correction"),
+    "credit.call_credit.kappa": ("0.2", 0.2),
+    "credit.annotator.name": ("hybrid", "hybrid"),
+    "credit.annotator.in_rollout": ("false", False),
+    "credit.annotator.base_urls": ("[http://a:8000,http://b:8000]", ["http://a:8000", "http://b:8000"]),
+    "credit.annotator.model": ("Qwen/Qwen3-32B", "Qwen/Qwen3-32B"),
+    "credit.annotator.timeout": ("30.0", 30.0),
+    "credit.annotator.concurrency": ("4", 4),
+    "credit.annotator.max_retries": ("1", 1),
+    "credit.annotator.fallback": ("uniform", "uniform"),
+    "credit.annotator.cache_path": ("/tmp/graphs.sqlite", "/tmp/graphs.sqlite"),
+    "credit.user.name": ("llm", "llm"),
+    "credit.user.base_url": ("http://u:8001/v1", "http://u:8001/v1"),
+    "credit.user.model": ("user-model", "user-model"),
+    "credit.user.api_key_env": ("USER_KEY", "USER_KEY"),
+    "credit.user.instructions": ("'you want a refund'", "you want a refund"),
+    "credit.user.temperature": ("0.7", 0.7),
+    "credit.user.max_tokens": ("64", 64),
+    "credit.user.timeout": ("5.0", 5.0),
+    "credit.user.max_retries": ("0", 0),
+    "credit.user.max_turns": ("3", 3),
+    "credit.user.stop_token": ("DONE", "DONE"),
+    "credit.user.script": ("[card,yes]", ["card", "yes"]),
+    "credit.env.name": ("service", "service"),
+}
+
+
+def _leaves(node, prefix: str = "credit") -> set[str]:
+    keys = set()
+    for key in node:
+        value = node._get_node(key)
+        path = f"{prefix}.{key}"
+        if OmegaConf.is_dict(value) and len(value) > 0:
+            keys |= _leaves(value, path)
+        elif not (OmegaConf.is_dict(value) and len(value) == 0):  # credit.env.options: an open mapping
+            keys.add(path)
+    return keys
+
+
+def test_credit_config_extends_verls_ppo_trainer():
+    config = compose_credit_config()
+    # verl's own tree is there, with our selections
+    assert config.trainer.v1.trainer_mode == "credit_sync" and config.trainer.use_v1 is True
+    assert config.actor_rollout_ref.rollout.agent.default_agent_loop == "credit_agent"
+    assert config.algorithm.adv_estimator == "iapo" and "rollout_correction" in config.algorithm
+    # credit.estimator / norm follow verl's algorithm keys by interpolation
+    config = compose_credit_config(["algorithm.adv_estimator=call_credit", "algorithm.norm_adv_by_std_in_grpo=false"])
+    settings = load_settings(config)
+    assert settings.estimator == "call_credit" and settings.credit.norm_adv_by_std_in_grpo is False
+    # defaults are DESIGN's
+    settings = load_settings(compose_credit_config())
+    assert (settings.credit.iapo.beta_plus, settings.credit.iapo.clip_c, settings.credit.iapo.neg_route) == (
+        0.05,
+        0.25,
+        "error",
+    )
+    assert dict(settings.credit.call_credit.omega) == {"AE": 1.0, "IG": 0.6, "RV": 0.4}
+    assert settings.layout == "merged" and settings.annotator.name == "rules" and settings.user.name == "env"
+
+
+def test_every_credit_key_overridable_without_plus():
+    config = compose_credit_config()
+    assert _leaves(config.credit) == set(OVERRIDES), "OVERRIDES must list every leaf of the credit node"
+    overrides = [f"{key}={text}" for key, (text, _) in OVERRIDES.items()]
+    overrides.append("algorithm.adv_estimator=call_credit")  # keeps estimator and adv_estimator consistent
+    config = compose_credit_config(overrides)
+    for key, (_, expected) in OVERRIDES.items():
+        value = OmegaConf.select(config, key)
+        value = OmegaConf.to_container(value) if OmegaConf.is_list(value) else value
+        assert value == expected, key
+    settings = load_settings(config)  # and the whole set is valid
+    assert settings.credit.iapo.clip_c == 0.5 and settings.user.script == ("card", "yes")
+    assert settings.annotator.base_urls == ("http://a:8000", "http://b:8000") and settings.layout == "per_request"
+    # an open mapping takes new keys with '+'
+    config = compose_credit_config(["+credit.env.options.variant=refund"])
+    assert load_settings(config).env.options == {"variant": "refund"}
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("credit.iapo.clip_c=-1", "credit.iapo.clip_c"),
+        ("credit.iapo.neg_route=sideways", "credit.iapo.neg_route"),
+        ("credit.call_credit.gamma=0", "credit.call_credit.gamma"),
+        ("credit.call_credit.omega.AE=0", "credit.call_credit.omega.AE"),
+        ("credit.layout=interleaved", "credit.layout"),
+        ("credit.annotator.fallback=guess", "credit.annotator.fallback"),
+        ("credit.annotator.name=llm", "credit.annotator.base_urls"),
+        ("credit.user.name=robot", "credit.user.name"),
+        ("credit.user.name=llm", "credit.user.base_url"),
+        ("credit.estimator=grpo", "algorithm.adv_estimator"),
+    ],
+)
+def test_bad_values_name_the_key(override, key):
+    with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+        load_settings(compose_credit_config([override]))
+
+
+def test_unknown_key_added_with_plus_is_rejected():
+    with pytest.raises(ValueError, match=r"credit\.iapo\.beta"):
+        load_settings(compose_credit_config(["+credit.iapo.beta=1"]))
+
+
+def test_stock_config_without_credit_node_is_named():
+    from hydra import compose, initialize_config_module
+
+    with initialize_config_module(config_module="verl.trainer.config", version_base=None):
+        config = compose(config_name="ppo_trainer")
+    with pytest.raises(ValueError, match="config-name=credit_trainer"):
+        load_settings(config)
+
+
+def _run(cwd, *args: str) -> tuple[subprocess.Popen, float]:
+    env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
+    command = [sys.executable, "-m", *args]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
+    return process, time.perf_counter()
+
+
+@pytest.mark.timeout(240)
+def test_entry_points_reject_bad_config_before_ray_starts(tmp_path):
+    """Run concurrently: ``python -m verl_credit.main credit.iapo.clip_c=-1`` and verl's stock
+    ``python -m verl.trainer.main_ppo algorithm.adv_estimator=iapo`` (sync trainer). Both exit
+    non-zero with the offending key / what to set, and neither gets as far as starting Ray."""
+    runs = {
+        "clip_c": _run(tmp_path, "verl_credit.main", "credit.iapo.clip_c=-1"),
+        "stock": _run(tmp_path, "verl.trainer.main_ppo", "algorithm.adv_estimator=iapo"),
+    }
+    results = {}
+    for name, (process, started) in runs.items():
+        out, err = process.communicate(timeout=200)
+        results[name] = (process.returncode, out, err, time.perf_counter() - started)
+    for name, (code, out, err, seconds) in results.items():
+        assert code != 0, (name, (out + err)[-2000:])
+        assert "Started a local Ray instance" not in out + err and "ray init kwargs" not in out + err, name
+        assert seconds < 150, (name, seconds)
+    code, _, err, _ = results["clip_c"]
+    assert code == 2 and "verl_credit.main: error: credit.iapo.clip_c must be >= 0, got -1" in err
+    _, out, err, _ = results["stock"]
+    assert "algorithm.adv_estimator=iapo needs the verl-credit trainer" in out + err
+    assert "trainer.v1.trainer_mode=credit_sync" in out + err
+
+
+def test_trainer_selection_check():
+    from verl_credit.verl.settings import check_trainer_selection
+
+    check_trainer_selection(compose_credit_config())  # credit_sync: fine
+    check_trainer_selection(compose_credit_config(["algorithm.adv_estimator=grpo", "trainer.v1.trainer_mode=sync"]))
+    for bad in (["trainer.v1.trainer_mode=sync"], ["trainer.use_v1=false"]):
+        with pytest.raises(ValueError, match=r"trainer\.v1\.trainer_mode=credit_sync"):
+            check_trainer_selection(compose_credit_config(bad))
+
+
+def test_plugin_wraps_verls_validate_config():
+    import verl  # noqa: F401  (loads the plugin)
+    import verl.utils.config as verl_config
+
+    with pytest.raises(ValueError, match="needs the verl-credit trainer"):
+        verl_config.validate_config(
+            compose_credit_config(["trainer.v1.trainer_mode=sync"]), use_reference_policy=False, use_critic=False
+        )
+
+
+@pytest.mark.parametrize("name", ["iapo", "call_credit"])
+def test_legacy_registry_estimators_explain_what_to_set(name):
+    import verl  # noqa: F401
+    from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+
+    estimator = get_adv_estimator_fn(name)
+    with pytest.raises(ValueError, match=r"trainer\.v1\.trainer_mode=credit_sync"):
+        estimator(token_level_rewards=torch.zeros(2, 3), response_mask=torch.ones(2, 3), config=None, index=["a", "a"])
+
+
+def test_main_validates_then_hands_the_config_to_verls_run_ppo(monkeypatch):
+    """``verl_credit.main`` runs verl's own pipeline (auto_set_device, validate_config, run_ppo with
+    verl's V1 TaskRunner); ``run_ppo`` is replaced here because it would start Ray and GPUs."""
+    import verl.trainer.main_ppo as main_ppo
+
+    from verl_credit.verl.main import run
+
+    calls = []
+    monkeypatch.setattr(
+        main_ppo, "run_ppo", lambda config, task_runner_class: calls.append((config, task_runner_class))
+    )
+    micro = [
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1",
+    ]
+    config = compose_credit_config(micro)
+    run(config)
+    assert len(calls) == 1 and calls[0][0] is config and calls[0][1] is main_ppo.TaskRunnerV1
+    with pytest.raises(ValueError, match=r"credit\.call_credit\.alpha"):
+        run(compose_credit_config([*micro, "credit.call_credit.alpha=2"]))
+    assert len(calls) == 1

@@ -1,0 +1,472 @@
+"""``credit_agent``: verl's tool agent loop plus what dependency-aware credit needs.
+
+One episode, driven by a :class:`verl_credit.envs.base.Environment` chosen by name
+(``extra_info.env`` of the row, else ``credit.env.name``)::
+
+    start = env.start(task)                 system prompt, tools, first user message
+    loop:  generate (verl's _handle_generating_state, unchanged)
+           tool calls  -> env.call_tool      (verl's _handle_processing_tools_state, unchanged)
+           no tool call -> simulated user   (credit.user: env | llm | scripted | none)
+    reward = env.reward()
+    annotate the finished trajectory (async, here in the rollout worker)  -> extra_fields
+
+Without an environment (``credit.env.name=null``) the loop uses verl's own tools and the
+dataset's ``raw_prompt``, exactly like ``tool_agent``.
+
+Recorded in ``extra_fields["credit"]`` of every output row (``CREDIT_KEY``):
+
+* ``spans``: ``[[action, start, end], ...]`` half-open token offsets into *that row's* response;
+  ``action`` indexes the transcript's assistant messages. Exact: every span is all ones in
+  ``response_mask`` and the spans cover every 1 of it.
+* on the session's final row also ``messages`` (the transcript, including the assistant message
+  verl drops when a turn limit or the length limit stops the loop), ``num_actions``,
+  ``action_lengths``, ``stop_reason``, ``truncated_action`` and the annotation payload
+  (``graph`` / ``call_graph`` / ``annotation``, see :mod:`verl_credit.verl.annotation`).
+
+Layouts (``credit.layout``): ``merged`` returns one output holding all turns (verl's layout);
+``per_request`` returns one output per model request (prompt = the exact context the model saw,
+response = the tokens it generated), which verl stores as ``{uid}_{session}_{index}`` rows.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput, register
+from verl.experimental.agent_loop.tool_agent_loop import AgentData, AgentState, ToolAgentLoop
+from verl.tools.base_tool import BaseTool
+from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
+
+from verl_credit.envs.base import Environment, build_environment
+from verl_credit.trajectory import Trajectory
+from verl_credit.verl.annotation import annotate_finished_trajectory
+from verl_credit.verl.settings import CreditSettings, load_settings
+from verl_credit.verl.users import SimulatedUser, build_user
+
+__all__ = ["AGENT_NAME", "CREDIT_KEY", "CreditAgentLoop", "EnvironmentTool", "RecordedAction"]
+
+logger = logging.getLogger(__name__)
+logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "WARN"))
+
+AGENT_NAME = "credit_agent"
+CREDIT_KEY = "credit"
+
+
+class Phase(Enum):
+    PENDING = "pending"
+    GENERATING = "generating"
+    TOOLS = "tools"
+    USER = "user"
+    DONE = "done"
+
+
+@dataclass
+class RecordedAction:
+    """One model request of the episode.
+
+    ``start``/``end``: offsets of its tokens in the merged response (before the final clip to
+    ``response_length``); ``prompt_ids``: the exact context the model was given;
+    ``message_index``: its assistant message in the transcript (``None`` while verl has not
+    appended it: a turn-limit or length cut).
+    """
+
+    index: int
+    start: int
+    end: int
+    prompt_ids: list[int]
+    token_ids: list[int]
+    log_probs: list[float] | None
+    routed_experts: Any
+    message_index: int | None
+    cut: str | None = None
+
+
+class EnvironmentTool(BaseTool):
+    """A tool of the episode's environment, in verl's ``BaseTool`` shape so that verl's
+    ``_call_tool`` (name/JSON validation, error text, truncation) runs unchanged."""
+
+    def __init__(self, schema: dict[str, Any]):
+        # BaseTool.__init__ prints the schema; set its attributes directly instead.
+        self.config: dict[str, Any] = {}
+        self.tool_schema = OpenAIFunctionToolSchema.model_validate(schema)
+        self.name = self.tool_schema.function.name
+
+    async def execute(
+        self, instance_id: str, parameters: dict[str, Any], **kwargs: Any
+    ) -> tuple[ToolResponse, float, dict]:
+        agent_data = kwargs["agent_data"]
+        env: Environment = agent_data.credit_env
+        result = await env.call_tool(self.name, parameters)
+        return ToolResponse(text=result.content), 0.0, {"is_error": bool(result.is_error)}
+
+
+@register(AGENT_NAME)
+class CreditAgentLoop(ToolAgentLoop):
+    """verl's ToolAgentLoop + environment + simulated user + exact spans + async annotation."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.settings: CreditSettings = load_settings(self.config)
+
+    async def run(self, sampling_params: dict[str, Any], priority: int = 0, **kwargs: Any) -> Any:
+        """One episode -> one output (merged) or one output per model request (per_request)."""
+        extra_info = dict(kwargs.get("extra_info") or {})
+        env = self._build_env(extra_info)
+        user: SimulatedUser | None = None
+        reward: float | None = None
+        try:
+            agent_data, episode_info = await self._open_episode(env, extra_info, kwargs, priority)
+            user = build_user(self.settings.user, env, extra_info, episode_info)
+            actions, stop_reason = await self._run_episode(agent_data, sampling_params, user)
+            if env is not None:
+                reward = float(await env.reward())
+        finally:
+            if user is not None:
+                await user.aclose()
+            if env is not None:
+                await env.close()
+        return await self._finish(agent_data, actions, stop_reason, reward, env, kwargs)
+
+    # ------------------------------------------------------------------ episode
+
+    def _build_env(self, extra_info: dict[str, Any]) -> Environment | None:
+        name = extra_info.get("env") or self.settings.env.name
+        if not name:
+            return None
+        options = {**dict(self.settings.env.options), **dict(extra_info.get("env_options") or {})}
+        return build_environment(str(name), **options)
+
+    async def _open_episode(
+        self, env: Environment | None, extra_info: dict[str, Any], kwargs: dict[str, Any], priority: int
+    ) -> tuple[AgentData, dict[str, Any]]:
+        episode_info: dict[str, Any] = {}
+        if env is not None:
+            start = await env.start(extra_info.get("task", extra_info))
+            messages: list[dict[str, Any]] = []
+            if start.system_prompt:
+                messages.append({"role": "system", "content": start.system_prompt})
+            messages.append({"role": "user", "content": start.first_user_message})
+            tools: dict[str, BaseTool] = {}
+            for schema in start.tools:
+                tool = EnvironmentTool(schema)
+                tools[tool.name] = tool
+            episode_info = dict(start.info)
+        else:
+            messages = [dict(m) for m in kwargs["raw_prompt"]]
+            tools = dict(self.tools)
+            selection = extra_info.get("tool_selection")
+            if selection:
+                tools = {name: self.tools[name] for name in selection if name in self.tools}
+        agent_data = AgentData(
+            messages=messages,
+            image_data=None,
+            video_data=None,
+            audio_data=None,
+            mm_processor_kwargs=None,
+            metrics={},
+            request_id=self._make_request_id(priority, self.rollout_config.full_determinism),
+            tools_kwargs=kwargs.get("tools_kwargs", {}) or {},
+        )
+        agent_data._active_tools = tools
+        agent_data._active_tool_schemas = [
+            tool.tool_schema.model_dump(exclude_unset=True, exclude_none=True) for tool in tools.values()
+        ]
+        agent_data.credit_env = env
+        agent_data.credit_action_offset = sum(1 for m in messages if m.get("role") == "assistant")
+        agent_data.credit_user_replies = 0
+        return agent_data, episode_info
+
+    async def _run_episode(
+        self, agent_data: AgentData, sampling_params: dict[str, Any], user: SimulatedUser | None
+    ) -> tuple[list[RecordedAction], str]:
+        actions: list[RecordedAction] = []
+        phase, stop_reason = Phase.PENDING, ""
+        while phase is not Phase.DONE:
+            if phase is Phase.PENDING:
+                await self._handle_pending_state(agent_data, sampling_params)
+                phase = Phase.GENERATING
+            elif phase is Phase.GENERATING:
+                phase, stop_reason = await self._generate_action(agent_data, sampling_params, actions)
+            elif phase is Phase.TOOLS:
+                state = await self._handle_processing_tools_state(agent_data)
+                phase, stop_reason = (
+                    (Phase.GENERATING, "") if state == AgentState.GENERATING else (Phase.DONE, "length")
+                )
+            else:
+                phase, stop_reason = await self._user_turn(agent_data, user)
+        return actions, stop_reason
+
+    async def _generate_action(
+        self, agent_data: AgentData, sampling_params: dict[str, Any], actions: list[RecordedAction]
+    ) -> tuple[Phase, str]:
+        """verl's generating step, recording the request's context, tokens and span."""
+        prompt_before = list(agent_data.prompt_ids)
+        messages_before = len(agent_data.messages)
+        state = await self._handle_generating_state(agent_data, sampling_params)
+        generated = list(agent_data.response_ids)
+        end = len(agent_data.response_mask)
+        start = end - len(generated)
+        log_probs = list(agent_data.response_logprobs[start:end]) if agent_data.response_logprobs else None
+        appended = len(agent_data.messages) > messages_before
+        action = RecordedAction(
+            index=agent_data.credit_action_offset + len(actions),
+            start=start,
+            end=end,
+            prompt_ids=prompt_before,
+            token_ids=generated,
+            log_probs=log_probs,
+            routed_experts=agent_data.routed_experts,
+            message_index=len(agent_data.messages) - 1 if appended else None,
+        )
+        actions.append(action)
+        if state == AgentState.PROCESSING_TOOLS:
+            return Phase.TOOLS, ""
+        if not appended:  # verl stopped on a limit before appending the message
+            action.cut = self._cut_reason(agent_data)
+            return Phase.DONE, action.cut
+        return Phase.USER, ""
+
+    def _cut_reason(self, agent_data: AgentData) -> str:
+        """Which of verl's limits stopped the loop (same order as verl checks them)."""
+        if len(agent_data.response_mask) >= self.response_length:
+            return "length"
+        if self.max_assistant_turns and agent_data.assistant_turns >= self.max_assistant_turns:
+            return "max_assistant_turns"
+        return "max_user_turns"
+
+    async def _user_turn(self, agent_data: AgentData, user: SimulatedUser | None) -> tuple[Phase, str]:
+        """The simulated user answers an assistant turn without tool calls."""
+        if user is None:
+            return Phase.DONE, "no_tool_call"
+        if agent_data.credit_user_replies >= self.settings.user.max_turns:
+            return Phase.DONE, "user_max_turns"
+        turn = await user.reply(clean_transcript(agent_data.messages, self.tokenizer.eos_token))
+        if turn.content:
+            agent_data.messages.append({"role": "user", "content": turn.content})
+        if turn.done or not turn.content:
+            return Phase.DONE, "user_done"
+        merge_result, response_mask, response_logprobs = await self.ct_merge_context_msg(
+            agent_data.messages[:-1],
+            agent_data.messages,
+            agent_data.prompt_ids,
+            agent_data.response_mask,
+            agent_data.response_logprobs if agent_data.response_logprobs else None,
+            tools=agent_data._active_tool_schemas,
+        )
+        if len(response_mask) >= self.response_length:
+            return Phase.DONE, "length"
+        agent_data.prompt_ids = merge_result.token_ids
+        agent_data.response_mask = response_mask
+        if agent_data.response_logprobs:
+            agent_data.response_logprobs = response_logprobs or []
+        agent_data.credit_user_replies += 1
+        return Phase.GENERATING, ""
+
+    # ------------------------------------------------------------------ outputs
+
+    async def _finish(
+        self,
+        agent_data: AgentData,
+        actions: list[RecordedAction],
+        stop_reason: str,
+        reward: float | None,
+        env: Environment | None,
+        kwargs: dict[str, Any],
+    ) -> AgentLoopOutput | list[AgentLoopOutput]:
+        num_response = len(agent_data.response_mask)
+        prompt_ids = agent_data.prompt_ids[: len(agent_data.prompt_ids) - num_response]
+        response_ids = agent_data.prompt_ids[len(prompt_ids) :][: self.response_length]
+        response_mask = agent_data.response_mask[: self.response_length]
+        spans = exact_spans(actions, response_mask)
+        truncated_action = await self._append_cut_message(agent_data, actions, spans, response_ids)
+
+        lengths = [0] * agent_data.credit_action_offset + [end - start for start, end in spans]
+        num_actions = sum(1 for m in agent_data.messages if m.get("role") == "assistant")
+        if num_actions != len(lengths):
+            raise RuntimeError(
+                f"credit_agent: transcript has {num_actions} assistant messages but {len(lengths)} recorded actions"
+            )
+        uid = str(kwargs.get("uid", ""))
+        transcript = clean_transcript(agent_data.messages, self.tokenizer.eos_token)
+        trajectory = Trajectory.from_messages(
+            transcript,
+            id=f"{uid}_{kwargs.get('session_id', 0)}",
+            uid=uid,
+            reward=reward if reward is not None else 0.0,
+            action_token_lengths=lengths,
+        )
+        tools = list(agent_data._active_tool_schemas)
+        trajectory.extra["tools"] = tools  # the rule annotator checks calls against the schemas
+        session_payload: dict[str, Any] = {
+            "messages": transcript,
+            "tools": tools,
+            "num_actions": num_actions,
+            "action_lengths": lengths,
+            "stop_reason": stop_reason,
+            "truncated_action": truncated_action,
+            "env": getattr(env, "name", None) if env is not None else None,
+            "layout": self.settings.layout,
+        }
+        session_payload.update(await self._annotate(trajectory))
+
+        base_extra = dict(agent_data.extra_fields)
+        base_extra.update({"turn_scores": agent_data.turn_scores, "tool_rewards": agent_data.tool_rewards})
+        if reward is not None:
+            base_extra["reward_extra_info"] = {"env_reward": reward}
+        num_turns = agent_data.user_turns + agent_data.assistant_turns + agent_data.credit_user_replies + 1
+        if self.settings.layout == "per_request" and any(end > start for start, end in spans):
+            return self._per_request_outputs(
+                actions, spans, response_ids, base_extra, session_payload, reward, num_turns, agent_data
+            )
+        extra = dict(base_extra)
+        extra[CREDIT_KEY] = {
+            "spans": [[a.index, start, end] for a, (start, end) in zip(actions, spans, strict=True) if end > start],
+            "row": 0,
+            "rows": 1,
+            "final": True,
+            **session_payload,
+        }
+        return AgentLoopOutput(
+            prompt_ids=prompt_ids,
+            response_ids=response_ids,
+            response_mask=response_mask,
+            response_logprobs=agent_data.response_logprobs[: self.response_length]
+            if agent_data.response_logprobs
+            else None,
+            routed_experts=(
+                agent_data.routed_experts[: len(prompt_ids) + self.response_length]
+                if agent_data.routed_experts is not None
+                else None
+            ),
+            multi_modal_data={},
+            reward_score=reward,
+            num_turns=num_turns,
+            metrics=agent_data.metrics,
+            extra_fields=extra,
+        )
+
+    def _per_request_outputs(
+        self,
+        actions: list[RecordedAction],
+        spans: list[tuple[int, int]],
+        response_ids: list[int],
+        base_extra: dict[str, Any],
+        session_payload: dict[str, Any],
+        reward: float | None,
+        num_turns: int,
+        agent_data: AgentData,
+    ) -> list[AgentLoopOutput]:
+        """One output per model request with tokens; the final one carries the session payload."""
+        kept = [(a, s, e) for a, (s, e) in zip(actions, spans, strict=True) if e > s]
+        outputs = []
+        for row, (action, start, end) in enumerate(kept):
+            final = row == len(kept) - 1
+            tokens = response_ids[start:end]
+            extra = copy.deepcopy(base_extra) if not final else dict(base_extra)
+            extra[CREDIT_KEY] = {
+                "spans": [[action.index, 0, end - start]],
+                "row": row,
+                "rows": len(kept),
+                "final": final,
+            }
+            if final:
+                extra[CREDIT_KEY].update(session_payload)
+            routed = action.routed_experts
+            outputs.append(
+                AgentLoopOutput(
+                    prompt_ids=action.prompt_ids,
+                    response_ids=tokens,
+                    response_mask=[1] * len(tokens),
+                    response_logprobs=action.log_probs[: len(tokens)] if action.log_probs is not None else None,
+                    routed_experts=routed[: len(action.prompt_ids) + len(tokens)] if routed is not None else None,
+                    multi_modal_data={},
+                    reward_score=reward if final else None,
+                    num_turns=num_turns,
+                    metrics=agent_data.metrics if final else AgentLoopMetrics(),
+                    extra_fields=extra,
+                )
+            )
+        return outputs
+
+    async def _append_cut_message(
+        self,
+        agent_data: AgentData,
+        actions: list[RecordedAction],
+        spans: list[tuple[int, int]],
+        response_ids: list[int],
+    ) -> int | None:
+        """verl does not append the assistant message of a generation stopped by a limit; build it
+        from the tokens that remain in the response, so transcript and spans agree."""
+        if not actions or actions[-1].message_index is not None:
+            return None
+        action = actions[-1]
+        start, end = spans[-1]
+        tools = [tool.tool_schema for tool in agent_data._active_tools.values()]
+        content, agent_data.tool_calls = await self.tool_parser.extract_tool_calls(response_ids[start:end], tools)
+        agent_data.messages.append(self._build_assistant_message(content, agent_data))
+        agent_data.tool_calls = []
+        action.message_index = len(agent_data.messages) - 1
+        return action.index
+
+    async def _annotate(self, trajectory: Trajectory) -> dict[str, Any]:
+        """The annotation payload, computed now (async) unless disabled; a failure leaves the
+        session without a graph so the trainer annotates it (counted) instead of losing the group."""
+        estimator = self.settings.estimator
+        if estimator == "grpo" or not self.settings.annotator.in_rollout:
+            return {}
+        try:
+            return await annotate_finished_trajectory(trajectory, estimator, self.settings.annotator)
+        except Exception as exc:  # the trainer re-annotates sessions without a graph
+            logger.warning(
+                "credit_agent: annotation of %s failed (%r); the trainer will annotate it", trajectory.id, exc
+            )
+            return {"annotation_error": repr(exc)}
+
+
+def exact_spans(actions: list[RecordedAction], response_mask: list[int]) -> list[tuple[int, int]]:
+    """Each action's ``[start, end)`` in the final (clipped) response.
+
+    The recorded offsets are clipped to the response, and each end is shortened to the run of
+    ones that starts at its start (a builder may trim boundary tokens of a previous turn, and the
+    final clip may cut the last turn). Raises when the spans do not cover exactly the ones of
+    ``response_mask`` (a bug, not bad data: training on misattributed tokens is never silent).
+    """
+    size = len(response_mask)
+    spans = []
+    for action in actions:
+        start, end = min(action.start, size), min(action.end, size)
+        cursor = start
+        while cursor < end and response_mask[cursor] == 1:
+            cursor += 1
+        spans.append((start, cursor))
+    covered = sum(end - start for start, end in spans)
+    if covered != sum(response_mask):
+        raise RuntimeError(
+            f"credit_agent: action spans cover {covered} tokens but response_mask has {sum(response_mask)}"
+        )
+    return spans
+
+
+def clean_transcript(messages: list[dict[str, Any]], eos_token: str | None) -> list[dict[str, Any]]:
+    """A deep copy of the transcript for annotation and storage.
+
+    verl's hermes parser decodes generated tokens without skipping special tokens, so an
+    assistant message's content ends with the EOS text (``<|im_end|>``) when the server returns
+    the EOS token. That is chat markup, not content: it is removed here (the token itself stays in
+    the trained span).
+    """
+    cleaned = copy.deepcopy(messages)
+    if not eos_token:
+        return cleaned
+    for message in cleaned:
+        content = message.get("content")
+        if message.get("role") == "assistant" and isinstance(content, str):
+            while content.endswith(eos_token):
+                content = content[: -len(eos_token)]
+            message["content"] = content
+    return cleaned

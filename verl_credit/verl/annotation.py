@@ -1,0 +1,195 @@
+"""Annotation off the trainer's critical path.
+
+The agent loop annotates each trajectory as soon as its episode ends
+(:func:`annotate_finished_trajectory`, awaited inside the rollout worker's event loop, so it
+overlaps with the other sessions still generating) and stores the result in the final row's
+``extra_fields["credit"]``:
+
+    {"graph": <section 2.1 JSON>, "annotation": {source, cached, seconds, fallback, repaired_edges, ...}}
+    {"call_graph": <CallGraph JSON>, "rv_status": [...], "annotation": {...}}       (call_credit)
+
+The trainer only *reads* these (:func:`result_from_payload`) and annotates synchronously just the
+sessions that arrive without one (:func:`annotate_now`; counted as ``credit/annotated_in_trainer``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from verl_credit.annotate.base import AnnotationResult, Annotator, annotator_class, build_annotator
+from verl_credit.call_graph import CallGraph
+from verl_credit.graph import GraphValidation, validate_graph
+from verl_credit.trajectory import Trajectory
+from verl_credit.verl.settings import AnnotatorSettings
+
+__all__ = [
+    "annotate_finished_trajectory",
+    "annotate_now",
+    "build_call_graph",
+    "make_annotator",
+    "result_from_payload",
+    "result_summary",
+    "rollout_annotator",
+]
+
+# One annotator per (process, settings): shares its concurrency limit, HTTP client and cache
+# across all sessions of a rollout worker. Keyed by the event loop too, since async clients are
+# bound to the loop that created them.
+_ROLLOUT_ANNOTATORS: dict[tuple[AnnotatorSettings, int], Annotator] = {}
+
+
+def make_annotator(settings: AnnotatorSettings) -> Annotator:
+    """Build the configured annotator, passing only the options its constructor accepts.
+
+    ``credit.annotator.cache_path`` goes to annotators that manage their own cache (``llm``,
+    ``hybrid``); any other annotator is wrapped in a ``CachedAnnotator``.
+    """
+    try:
+        cls = annotator_class(settings.name)
+    except ValueError as exc:
+        raise ValueError(f"credit.annotator.name: {exc}") from None
+    options = settings.annotator_options()
+    if settings.cache_path:
+        options["cache_path"] = settings.cache_path
+    accepted = _accepted_options(cls)
+    if accepted is not None:
+        options = {key: value for key, value in options.items() if key in accepted}
+    annotator = build_annotator(settings.name, **options)
+    if settings.cache_path and "cache_path" not in options:  # the annotator has no cache of its own
+        from verl_credit.annotate.cache import CachedAnnotator
+
+        annotator = CachedAnnotator(annotator, settings.cache_path)
+    annotator.concurrency = settings.concurrency
+    return annotator
+
+
+def rollout_annotator(settings: AnnotatorSettings) -> Annotator:
+    """The process-wide annotator of the running event loop (built on first use)."""
+    key = (settings, id(asyncio.get_running_loop()))
+    annotator = _ROLLOUT_ANNOTATORS.get(key)
+    if annotator is None:
+        annotator = _ROLLOUT_ANNOTATORS[key] = make_annotator(settings)
+    return annotator
+
+
+def build_call_graph(trajectory: Trajectory) -> tuple[CallGraph, list[str | None]]:
+    """CALL-CREDIT roles + causal edges of a trajectory (rule classifier, one call per action) and
+    each call's verification outcome (``"pass"``/``"fail"``/``None``, for the RV reward)."""
+    try:
+        from verl_credit.annotate.roles import analyze_calls, call_graph_from_facts
+    except ModuleNotFoundError as exc:
+        if exc.name != "verl_credit.annotate.roles":
+            raise
+        raise RuntimeError("the call_credit estimator needs verl_credit.annotate.roles (call classifier)") from exc
+    facts = analyze_calls(trajectory)
+    graph = call_graph_from_facts(facts)
+    if graph.num_calls != trajectory.num_actions:
+        raise ValueError(f"call graph has {graph.num_calls} calls for {trajectory.num_actions} actions")
+    return graph, [fact.rv_status for fact in facts]
+
+
+def result_summary(result: AnnotationResult) -> dict[str, Any]:
+    """The JSON-safe bookkeeping of one annotation (stored beside the graph)."""
+    return {
+        "source": result.source,
+        "cached": bool(result.cached),
+        "seconds": float(result.seconds),
+        "uncertain": bool(result.uncertain),
+        "fallback": bool(result.fallback),
+        "repaired_edges": int(result.validation.repaired_edges),
+        "errors_added": int(result.validation.errors_added),
+        "error": result.error,
+    }
+
+
+async def annotate_finished_trajectory(
+    trajectory: Trajectory, estimator: str, settings: AnnotatorSettings, annotator: Annotator | None = None
+) -> dict[str, Any]:
+    """The annotation payload of a finished trajectory for ``extra_fields["credit"]``.
+
+    ``iapo``: influence graph from the configured annotator (validated; failures become counted
+    fallbacks inside the annotator). ``call_credit``: call graph from the rule classifier.
+    ``grpo``: nothing.
+    """
+    if estimator == "iapo":
+        annotator = annotator or rollout_annotator(settings)
+        result = (await annotator.annotate_batch([trajectory]))[0]
+        return {"graph": result.graph.to_json(), "annotation": result_summary(result)}
+    if estimator == "call_credit":
+        started = time.perf_counter()
+        graph, rv_status = build_call_graph(trajectory)
+        return {
+            "call_graph": graph.to_json(),
+            "rv_status": rv_status,
+            "annotation": {"source": "roles", "seconds": time.perf_counter() - started, "fallback": False},
+        }
+    return {}
+
+
+def result_from_payload(payload: Mapping[str, Any], num_actions: int) -> AnnotationResult | None:
+    """The stored influence graph of a session (re-validated against its action count), with the
+    original annotation's bookkeeping; ``None`` when the session carries no graph."""
+    raw = payload.get("graph")
+    if raw is None:
+        return None
+    graph, validation = validate_graph(raw, num_actions)
+    summary = dict(payload.get("annotation") or {})
+    merged = GraphValidation(
+        fallback=validation.fallback or bool(summary.get("fallback", False)),
+        repaired_edges=validation.repaired_edges + int(summary.get("repaired_edges", 0)),
+        errors_added=validation.errors_added + int(summary.get("errors_added", 0)),
+        problems=validation.problems,
+    )
+    return AnnotationResult(
+        graph=graph,
+        validation=merged,
+        source=str(summary.get("source", "given")),
+        cached=bool(summary.get("cached", False)),
+        seconds=float(summary.get("seconds", 0.0)),
+        uncertain=bool(summary.get("uncertain", False)),
+        error=summary.get("error"),
+    )
+
+
+def annotate_now(trajectories: Sequence[Trajectory], settings: AnnotatorSettings) -> list[AnnotationResult]:
+    """Annotate trajectories synchronously (the trainer's path for sessions without a graph).
+
+    A fresh annotator is built and closed per call, so no async client outlives its event loop.
+    Works from synchronous code whether or not the calling thread runs an event loop.
+    """
+    if not trajectories:
+        return []
+
+    async def run() -> list[AnnotationResult]:
+        annotator = make_annotator(settings)
+        try:
+            return await annotator.annotate_batch(list(trajectories))
+        finally:
+            await annotator.aclose()
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(run())
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, run()).result()
+
+
+def _accepted_options(cls: Any) -> set[str] | None:
+    """Keyword names ``cls(...)`` accepts, or ``None`` when it takes ``**kwargs``."""
+    try:
+        parameters = inspect.signature(cls).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return None
+    return {
+        p.name
+        for p in parameters
+        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    }

@@ -1,0 +1,288 @@
+"""The ``credit`` Hydra node as typed settings, validated before any worker starts.
+
+``verl_credit/config/credit_trainer.yaml`` puts every verl-credit key under one top-level node
+``credit`` (see that file for why not ``algorithm.credit``). This module turns the node into
+frozen dataclasses:
+
+* the credit math (``estimator``, ``norm_adv_by_std_in_grpo``, ``epsilon``, ``iapo.*``,
+  ``call_credit.*``) -> :class:`verl_credit.config.CreditConfig` (its own validation);
+* the rollout/runtime parts (``layout``, ``annotator.*``, ``user.*``, ``env.*``) -> the classes
+  below.
+
+Every bad value raises ``ValueError`` whose message starts with the full key (``credit.layout``,
+``credit.annotator.timeout`` ...). No verl import here: ``verl_credit.verl.main`` calls
+:func:`load_settings` before Ray is started.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from verl_credit.config import CreditConfig
+
+__all__ = [
+    "CREDIT_ESTIMATORS",
+    "CREDIT_TRAINER_MODE",
+    "LAYOUTS",
+    "AnnotatorSettings",
+    "CreditSettings",
+    "EnvSettings",
+    "UserSettings",
+    "check_trainer_selection",
+    "estimator_needs_credit_trainer",
+    "load_settings",
+    "wrong_trainer_message",
+]
+
+#: estimators that need the credit trainer (graphs travel in ``extra_fields``)
+CREDIT_ESTIMATORS: tuple[str, ...] = ("iapo", "call_credit")
+#: the trainer mode registered by verl_credit.verl.trainer
+CREDIT_TRAINER_MODE = "credit_sync"
+#: ``merged``: one training row per session; ``per_request``: one row per model request
+LAYOUTS: tuple[str, ...] = ("merged", "per_request")
+ANNOTATOR_FALLBACKS: tuple[str, ...] = ("rules", "uniform")
+USER_KINDS: tuple[str, ...] = ("env", "llm", "scripted", "none")
+_CREDIT_MATH_KEYS = ("estimator", "norm_adv_by_std_in_grpo", "epsilon", "iapo", "call_credit")
+
+
+@dataclass(frozen=True)
+class AnnotatorSettings:
+    """``credit.annotator.*``: which annotator builds the IAPO graphs, and where it runs."""
+
+    name: str = "rules"
+    """Registered annotator: ``rules`` | ``llm`` | ``hybrid``."""
+    in_rollout: bool = True
+    """Annotate each trajectory in the agent loop as soon as it finishes (off the trainer's path)."""
+    base_urls: tuple[str, ...] = ()
+    """OpenAI-compatible endpoints of the LLM annotator (``llm``/``hybrid``)."""
+    model: str | None = None
+    """Served model name of the LLM annotator."""
+    timeout: float = 120.0
+    """Seconds per LLM request."""
+    concurrency: int = 16
+    """Trajectories annotated at once per process."""
+    max_retries: int = 3
+    """LLM retries (with backoff) before the fallback."""
+    fallback: str = "rules"
+    """After a final LLM failure: ``rules`` or ``uniform`` (counted in ``credit/fallback_rate``)."""
+    cache_path: str | None = None
+    """sqlite graph cache shared by all processes (``null``: no cache)."""
+
+    def __post_init__(self) -> None:
+        _require(bool(self.name), "credit.annotator.name", "must be a registered annotator name", self.name)
+        _require(self.timeout > 0, "credit.annotator.timeout", "must be > 0", self.timeout)
+        _require(self.concurrency >= 1, "credit.annotator.concurrency", "must be >= 1", self.concurrency)
+        _require(self.max_retries >= 0, "credit.annotator.max_retries", "must be >= 0", self.max_retries)
+        _require(
+            self.fallback in ANNOTATOR_FALLBACKS,
+            "credit.annotator.fallback",
+            f"must be one of {ANNOTATOR_FALLBACKS}",
+            self.fallback,
+        )
+        if self.name in ("llm", "hybrid"):
+            _require(
+                bool(self.base_urls),
+                "credit.annotator.base_urls",
+                f"must name at least one endpoint for annotator {self.name!r}",
+                list(self.base_urls),
+            )
+            _require(bool(self.model), "credit.annotator.model", f"must be set for annotator {self.name!r}", self.model)
+
+    def annotator_options(self) -> dict[str, Any]:
+        """Constructor options for ``build_annotator`` (the set ones; ``cache_path`` is handled by
+        ``verl_credit.verl.annotation.make_annotator``)."""
+        options: dict[str, Any] = {
+            "base_urls": list(self.base_urls),
+            "model": self.model,
+            "timeout": self.timeout,
+            "concurrency": self.concurrency,
+            "max_retries": self.max_retries,
+            "fallback": self.fallback,
+        }
+        return {key: value for key, value in options.items() if value not in (None, [])}
+
+
+@dataclass(frozen=True)
+class UserSettings:
+    """``credit.user.*``: the simulated user that answers assistant turns without tool calls."""
+
+    name: str = "env"
+    """``env`` (the environment's own user), ``llm`` (OpenAI-compatible endpoint), ``scripted``, ``none``."""
+    base_url: str | None = None
+    """Endpoint of the ``llm`` user, e.g. ``http://host:8001/v1``."""
+    model: str | None = None
+    """Served model name of the ``llm`` user."""
+    api_key_env: str | None = None
+    """Name of an environment variable holding the endpoint's API key (``null``: no key sent)."""
+    instructions: str | None = None
+    """Default user instructions (a row's ``extra_info.user_instructions`` wins)."""
+    temperature: float = 0.0
+    max_tokens: int = 512
+    timeout: float = 60.0
+    max_retries: int = 3
+    max_turns: int = 10
+    """Simulated user replies per episode; the episode ends after that many."""
+    stop_token: str = "###STOP###"
+    """The ``llm`` user ends the conversation by writing this token."""
+    script: tuple[str, ...] = ()
+    """Replies of the ``scripted`` user (a row's ``extra_info.user_script`` wins)."""
+
+    def __post_init__(self) -> None:
+        _require(self.name in USER_KINDS, "credit.user.name", f"must be one of {USER_KINDS}", self.name)
+        if self.name == "llm":
+            _require(bool(self.base_url), "credit.user.base_url", "must be set for the llm user", self.base_url)
+            _require(bool(self.model), "credit.user.model", "must be set for the llm user", self.model)
+        _require(self.temperature >= 0, "credit.user.temperature", "must be >= 0", self.temperature)
+        _require(self.max_tokens >= 1, "credit.user.max_tokens", "must be >= 1", self.max_tokens)
+        _require(self.timeout > 0, "credit.user.timeout", "must be > 0", self.timeout)
+        _require(self.max_retries >= 0, "credit.user.max_retries", "must be >= 0", self.max_retries)
+        _require(self.max_turns >= 0, "credit.user.max_turns", "must be >= 0", self.max_turns)
+        _require(bool(self.stop_token), "credit.user.stop_token", "must be a non-empty string", self.stop_token)
+
+
+@dataclass(frozen=True)
+class EnvSettings:
+    """``credit.env.*``: the environment that drives each episode (a row's ``extra_info.env`` wins)."""
+
+    name: str | None = None
+    """Registered environment (``service``, ``tau2``, ``coding``, ...); ``null``: verl's own tools."""
+    options: Mapping[str, Any] = field(default_factory=dict)
+    """Constructor options of the environment (merged under a row's ``extra_info.env_options``)."""
+
+
+@dataclass(frozen=True)
+class CreditSettings:
+    """Everything under ``credit``."""
+
+    credit: CreditConfig
+    layout: str = "merged"
+    annotator: AnnotatorSettings = field(default_factory=AnnotatorSettings)
+    user: UserSettings = field(default_factory=UserSettings)
+    env: EnvSettings = field(default_factory=EnvSettings)
+
+    def __post_init__(self) -> None:
+        _require(self.layout in LAYOUTS, "credit.layout", f"must be one of {LAYOUTS}", self.layout)
+
+    @property
+    def estimator(self) -> str:
+        return self.credit.estimator
+
+
+def load_settings(config: Any) -> CreditSettings:
+    """Build and validate the settings from a whole trainer config (``config.credit``) or from the
+    ``credit`` mapping itself. Also checks that ``credit.estimator`` and
+    ``algorithm.adv_estimator`` agree when both are present.
+
+    Raises:
+        ValueError: naming the offending key.
+    """
+    node, algorithm = _split(config)
+    values = _to_plain(node)
+    if not isinstance(values, dict):
+        raise ValueError(f"credit: expected a mapping, got {type(values).__name__}")
+    known = set(_CREDIT_MATH_KEYS) | {"layout", "annotator", "user", "env"}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"unknown key(s) {', '.join('credit.' + k for k in unknown)}; known: {sorted(known)}")
+    credit = CreditConfig.from_mapping({k: values[k] for k in _CREDIT_MATH_KEYS if k in values})
+    if algorithm is not None:
+        adv_estimator = algorithm.get("adv_estimator")
+        if adv_estimator is not None and str(adv_estimator) != credit.estimator:
+            raise ValueError(
+                f"credit.estimator={credit.estimator!r} but algorithm.adv_estimator={adv_estimator!r}; "
+                "set algorithm.adv_estimator (credit.estimator follows it by interpolation)"
+            )
+    annotator_values = dict(values.get("annotator") or {})
+    if "base_urls" in annotator_values:
+        urls = annotator_values["base_urls"]
+        annotator_values["base_urls"] = tuple([urls] if isinstance(urls, str) else (urls or ()))
+    user_values = dict(values.get("user") or {})
+    if "script" in user_values:
+        user_values["script"] = tuple(str(s) for s in (user_values["script"] or ()))
+    env_values = dict(values.get("env") or {})
+    if "options" in env_values:
+        env_values["options"] = dict(env_values["options"] or {})
+    return CreditSettings(
+        credit=credit,
+        layout=str(values.get("layout", "merged")),
+        annotator=_build(AnnotatorSettings, annotator_values, "credit.annotator"),
+        user=_build(UserSettings, user_values, "credit.user"),
+        env=_build(EnvSettings, env_values, "credit.env"),
+    )
+
+
+def _split(config: Any) -> tuple[Any, Mapping[str, Any] | None]:
+    """(credit node, algorithm node or None) from a whole config or a bare credit mapping."""
+    getter = getattr(config, "get", None)
+    if getter is not None and getter("credit") is not None:
+        return getter("credit"), getter("algorithm")
+    if getter is not None and ("trainer" in config or "algorithm" in config):
+        raise ValueError("credit: the config has no 'credit' node; launch with --config-name=credit_trainer")
+    return config, None
+
+
+def _to_plain(node: Any) -> Any:
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+    except ImportError:  # pragma: no cover - hydra is a dependency
+        return node
+    if isinstance(node, DictConfig | ListConfig):
+        return OmegaConf.to_container(node, resolve=True)
+    return node
+
+
+def _build(kind: type, values: Mapping[str, Any], prefix: str) -> Any:
+    names = {f.name for f in fields(kind)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise ValueError(f"unknown key(s) {', '.join(f'{prefix}.{k}' for k in unknown)}; known: {sorted(names)}")
+    return kind(**dict(values))
+
+
+def _require(ok: bool, key: str, message: str, value: Any) -> None:
+    if not ok:
+        raise ValueError(f"{key} {message}, got {value!r}")
+
+
+def estimator_needs_credit_trainer(estimator: Any) -> bool:
+    """True for ``iapo``/``call_credit`` (plain str or a str-Enum member)."""
+    return str(getattr(estimator, "value", estimator)) in CREDIT_ESTIMATORS
+
+
+def wrong_trainer_message(estimator: str) -> str:
+    """What to tell a user who selected a credit estimator without the credit trainer."""
+    return (
+        f"algorithm.adv_estimator={estimator} needs the verl-credit trainer, which reads the influence/call "
+        f"graphs carried in extra_fields; a plain advantage estimator never receives them. "
+        f"Set trainer.use_v1=true trainer.v1.trainer_mode={CREDIT_TRAINER_MODE} "
+        f"actor_rollout_ref.rollout.agent.default_agent_loop=credit_agent "
+        f"(or launch `python -m verl_credit.main`, whose config sets all three), "
+        f"or use algorithm.adv_estimator=grpo."
+    )
+
+
+def check_trainer_selection(config: Any) -> None:
+    """Raise ``ValueError`` when ``algorithm.adv_estimator`` is ``iapo``/``call_credit`` but the
+    selected trainer cannot supply graphs (legacy trainer, or a V1 mode that is not the credit
+    trainer). Imports verl only for a mode other than ``credit_sync``."""
+    estimator = config.algorithm.get("adv_estimator")
+    if not estimator_needs_credit_trainer(estimator):
+        return
+    trainer = config.get("trainer") or {}
+    mode = (trainer.get("v1") or {}).get("trainer_mode")
+    if not trainer.get("use_v1", True) or not _is_credit_trainer(mode):
+        raise ValueError(wrong_trainer_message(str(estimator)))
+
+
+def _is_credit_trainer(mode: Any) -> bool:
+    """``credit_sync``, or any registered subclass of the credit trainer."""
+    if mode == CREDIT_TRAINER_MODE:
+        return True
+    from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
+
+    from verl_credit.verl.trainer import CreditTrainerSync
+
+    cls = TRAINER_REGISTRY.get(str(mode))
+    return isinstance(cls, type) and issubclass(cls, CreditTrainerSync)

@@ -1,0 +1,236 @@
+"""Simulated users inside the agent loop (verl 0.9 removed ``verl/interactions``).
+
+When the policy answers without a tool call, the agent loop asks a :class:`SimulatedUser` for
+the next user turn:
+
+* :class:`EnvironmentUser` -- the environment's own user (tau2's user simulator, the demo
+  service world's scripted customer);
+* :class:`LLMUser` -- a model behind an OpenAI-compatible ``/chat/completions`` endpoint (vLLM),
+  role-flipped transcript, ends the conversation with a stop token;
+* :class:`ScriptedUser` -- fixed replies, for tests and demos.
+
+``build_user`` picks one from ``credit.user.name``; a user is created per episode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import httpx
+
+from verl_credit.envs.base import Environment, UserTurn
+from verl_credit.verl.settings import UserSettings
+
+__all__ = [
+    "DEFAULT_INSTRUCTIONS",
+    "EnvironmentUser",
+    "LLMUser",
+    "ScriptedUser",
+    "SimulatedUser",
+    "UserSimulatorError",
+    "build_user",
+    "flip_roles",
+]
+
+DEFAULT_INSTRUCTIONS = "You need help from the assistant with your request. Answer its questions briefly."
+
+_SYSTEM_TEMPLATE = (
+    "You are a user talking to an AI assistant. Stay in character and never act as the assistant.\n"
+    "Your instructions:\n{instructions}\n\n"
+    "Write one short message per turn, giving only the information the assistant asks for. "
+    "When your request is fully handled, or cannot be handled, reply with {stop_token} and nothing else."
+)
+
+
+class UserSimulatorError(RuntimeError):
+    """The simulated user could not produce a turn (endpoint down after all retries, bad reply)."""
+
+
+class SimulatedUser(ABC):
+    """Produces the next user turn of one episode."""
+
+    @abstractmethod
+    async def reply(self, messages: list[dict[str, Any]]) -> UserTurn:
+        """The user's answer to the conversation so far (last message: the assistant's text)."""
+
+    async def aclose(self) -> None:
+        """Release clients (default: nothing)."""
+
+
+class EnvironmentUser(SimulatedUser):
+    """Delegates to ``Environment.user_turn``."""
+
+    def __init__(self, env: Environment):
+        self.env = env
+
+    async def reply(self, messages: list[dict[str, Any]]) -> UserTurn:
+        return await self.env.user_turn(messages)
+
+
+class ScriptedUser(SimulatedUser):
+    """Replies from a script, in order; when the script is exhausted the user ends the episode.
+
+    Each entry is a string (a reply) or a :class:`UserTurn` (e.g. a closing line with ``done``).
+    ``seen`` keeps the transcripts the user was shown, for tests.
+    """
+
+    def __init__(self, script: Sequence[str | UserTurn]):
+        self.script = list(script)
+        self.seen: list[list[dict[str, Any]]] = []
+
+    async def reply(self, messages: list[dict[str, Any]]) -> UserTurn:
+        self.seen.append([dict(m) for m in messages])
+        if len(self.seen) > len(self.script):
+            return UserTurn(content=None, done=True)
+        entry = self.script[len(self.seen) - 1]
+        return entry if isinstance(entry, UserTurn) else UserTurn(content=str(entry), done=False)
+
+
+def flip_roles(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
+    """The transcript from the user's side: assistant text -> ``user``, user text -> ``assistant``.
+
+    System prompts, tool results and tool-call-only assistant turns are not shown to the user
+    (the user does not see the agent's tools).
+    """
+    flipped: list[dict[str, str]] = []
+    for message in messages:
+        role, content = message.get("role"), message.get("content")
+        text = content if isinstance(content, str) else ""
+        if not text.strip():
+            continue
+        if role == "assistant":
+            flipped.append({"role": "user", "content": text})
+        elif role == "user":
+            flipped.append({"role": "assistant", "content": text})
+    return flipped
+
+
+class LLMUser(SimulatedUser):
+    """A user simulated by a chat model behind an OpenAI-compatible endpoint.
+
+    Request: ``POST {base_url}/chat/completions`` with ``[system: instructions] + flip_roles(transcript)``.
+    The reply ends the episode (``done=True``) when it contains ``stop_token``; the token is
+    stripped from the content (a closing line before it is kept). Transport errors and 5xx/429
+    answers are retried ``max_retries`` times with exponential backoff, then
+    :class:`UserSimulatorError` is raised (verl marks that prompt group failed).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        instructions: str = DEFAULT_INSTRUCTIONS,
+        *,
+        temperature: float = 0.0,
+        max_tokens: int = 512,
+        timeout: float = 60.0,
+        max_retries: int = 3,
+        stop_token: str = "###STOP###",
+        api_key: str | None = None,
+        backoff_s: float = 0.5,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ):
+        self.url = base_url.rstrip("/") + "/chat/completions"
+        self.model = model
+        self.system_prompt = _SYSTEM_TEMPLATE.format(instructions=instructions, stop_token=stop_token)
+        self.temperature = temperature
+        self.max_tokens = max_tokens
+        self.max_retries = max_retries
+        self.stop_token = stop_token
+        self.backoff_s = backoff_s
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.client = httpx.AsyncClient(timeout=timeout, headers=headers, transport=transport)
+
+    def request_body(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "messages": [{"role": "system", "content": self.system_prompt}, *flip_roles(messages)],
+            "temperature": self.temperature,
+            "max_tokens": self.max_tokens,
+        }
+
+    async def reply(self, messages: list[dict[str, Any]]) -> UserTurn:
+        body = self.request_body(messages)
+        last_error = ""
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
+            try:
+                response = await self.client.post(self.url, json=body)
+            except httpx.HTTPError as exc:
+                last_error = f"{type(exc).__name__}: {exc}"
+                continue
+            if response.status_code == 429 or response.status_code >= 500:
+                last_error = f"HTTP {response.status_code}"
+                continue
+            if response.status_code != 200:
+                raise UserSimulatorError(
+                    f"user LLM at {self.url} answered HTTP {response.status_code}: {response.text[:200]}"
+                )
+            return self._parse(response)
+        raise UserSimulatorError(f"user LLM at {self.url} failed after {self.max_retries + 1} attempts ({last_error})")
+
+    def _parse(self, response: httpx.Response) -> UserTurn:
+        try:
+            content = response.json()["choices"][0]["message"]["content"]
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise UserSimulatorError(
+                f"user LLM at {self.url} returned no message content: {response.text[:200]}"
+            ) from exc
+        text = str(content or "")
+        if self.stop_token in text:
+            closing = text.replace(self.stop_token, "").strip()
+            return UserTurn(content=closing or None, done=True)
+        return UserTurn(content=text.strip(), done=False)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+def build_user(
+    settings: UserSettings,
+    env: Environment | None,
+    extra_info: Mapping[str, Any] | None = None,
+    episode_info: Mapping[str, Any] | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> SimulatedUser | None:
+    """The episode's user per ``credit.user.name``; ``None`` means: no user, the episode ends at
+    the first assistant turn without a tool call (verl's ToolAgentLoop behaviour).
+
+    Instructions / script come from the row (``extra_info.user_instructions`` /
+    ``extra_info.user_script``), then the environment's episode info, then the settings.
+    """
+    extra_info = extra_info or {}
+    episode_info = episode_info or {}
+    if settings.name == "none":
+        return None
+    if settings.name == "env":
+        return EnvironmentUser(env) if env is not None else None
+    if settings.name == "scripted":
+        script = extra_info.get("user_script") or episode_info.get("user_script") or settings.script
+        return ScriptedUser([str(s) for s in script])
+    instructions = (
+        extra_info.get("user_instructions")
+        or episode_info.get("user_instructions")
+        or settings.instructions
+        or DEFAULT_INSTRUCTIONS
+    )
+    api_key = os.environ.get(settings.api_key_env) if settings.api_key_env else None
+    if not settings.base_url or not settings.model:
+        raise ValueError("credit.user.base_url and credit.user.model must be set for the llm user")
+    return LLMUser(
+        settings.base_url,
+        settings.model,
+        str(instructions),
+        temperature=settings.temperature,
+        max_tokens=settings.max_tokens,
+        timeout=settings.timeout,
+        max_retries=settings.max_retries,
+        stop_token=settings.stop_token,
+        api_key=api_key,
+        transport=transport,
+    )
