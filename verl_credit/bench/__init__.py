@@ -1,0 +1,1 @@
+"""Benchmarks: ``learning`` (does routed credit make policy-gradient learning faster?)."""
