@@ -664,3 +664,18 @@ def test_dialogue_acts() -> None:
 )
 def test_error_evidence(content: str, expected: str | None) -> None:
     assert error_evidence(content) == expected
+
+
+def test_identical_successful_repeat_is_not_supported_by_its_twin() -> None:
+    # a0 get_order(#W12) -> {"order_id": "#W12", "status": "delivered"}; a1 repeats the identical call.
+    # The repeat learns nothing from a0 (its twin): no 0->1 edge; #W12 came from the opening request,
+    # so it is a direct user input of both calls. a2 refund(#W12) uses a0's lookup: 0->2 '+'.
+    messages = [
+        {"role": "user", "content": "refund order #W12"},
+        *tool_action("c1", "get_order", {"order_id": "#W12"}, {"order_id": "#W12", "status": "delivered"}),
+        *tool_action("c2", "get_order", {"order_id": "#W12"}, {"order_id": "#W12", "status": "delivered"}),
+        *tool_action("c3", "refund", {"order_id": "#W12"}, {"status": "refunded"}),
+    ]
+    graph, _, _ = annotate_rules(Trajectory.from_messages(messages))
+    assert all(edge.dst != 1 for edge in graph.edges)
+    assert (0, 2) in {(edge.src, edge.dst) for edge in graph.edges}

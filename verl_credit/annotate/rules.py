@@ -403,9 +403,18 @@ class _Tracer:
                 found = taint.action
         return found
 
+    def call_signature(self, action: int, position: int) -> str:
+        call = self.actions[action].tool_calls[position]
+        return canonical_call_signature(call.name, call.arguments, call.raw_arguments, call.arguments_valid)
+
     def candidates(self, unit: ArgUnit, consumer: int) -> tuple[dict[int, set[str]], bool, bool]:
-        """``({k: kinds}, direct, constant)`` for ``unit`` consumed by action ``consumer``."""
+        """``({k: kinds}, direct, constant)`` for ``unit`` consumed by action ``consumer``.
+
+        The result of an earlier call identical to one of the consumer's own calls is not a source:
+        a repeated call learns nothing from its twin (otherwise redundant repeats look causal).
+        """
         consumer_message = self.actions[consumer].message_index
+        own_signatures = {self.call_signature(consumer, p) for p in range(len(self.actions[consumer].tool_calls))}
         sources: dict[int, set[str]] = {}
         direct = False
         occurrences = self.occurrences(unit)
@@ -423,6 +432,8 @@ class _Tracer:
             elif role == "tool":
                 call = self.call_of_result.get(m)
                 if call is None or call[0] >= consumer or self.failing_calls.get(call) == m:
+                    continue
+                if self.call_signature(*call) in own_signatures:
                     continue
                 k = call[0]
                 echo = self.texts[self.actions[k].message_index].contains(unit)
