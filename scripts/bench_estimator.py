@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Time the credit estimators (graphs given) against verl's own GRPO estimator on the same batch.
 
-Default batch: 512 trajectories (32 groups x 16), 30 actions each, 4096 response tokens per row
+Default batch: 512 trajectories (32 groups x 16), up to 30 actions each (20..30, ragged), 4096
+response tokens per row
 (actions separated by observation tokens), random influence graphs (~1.5 edges per action, 10%
 error actions) and random call roles. Every timed arm starts from the same inputs a trainer has
 at ``_compute_advantage``: token-level rewards, the response mask, uids, and per-trajectory
@@ -42,9 +43,10 @@ def make_batch(trajectories: int, actions: int, response_length: int, group_size
     mask = torch.zeros(trajectories, response_length)
     spans: list[list[tuple[int, int]]] = []
     per_action = response_length // actions
+    counts = rng.integers(max(1, actions - actions // 3), actions + 1, size=trajectories)  # ragged: 20..30 actions
     for row in range(trajectories):
         row_spans = []
-        for action in range(actions):
+        for action in range(int(counts[row])):
             start = action * per_action
             length = int(rng.integers(per_action // 4, per_action - 8))
             row_spans.append((start, start + length))
@@ -54,10 +56,11 @@ def make_batch(trajectories: int, actions: int, response_length: int, group_size
     rewards[:, -1] = torch.from_numpy(rng.integers(0, 2, trajectories).astype(np.float32))
     index = np.array([f"g{row // group_size}" for row in range(trajectories)], dtype=object)
     graphs, call_graphs = [], []
-    for _ in range(trajectories):
+    for row in range(trajectories):
+        num_actions = int(counts[row])
         edges = []
-        for _ in range(int(1.5 * actions)):
-            src, dst = sorted(rng.choice(actions, size=2, replace=False).tolist())
+        for _ in range(int(1.5 * num_actions)):
+            src, dst = sorted(rng.choice(num_actions, size=2, replace=False).tolist())
             sign = "+" if rng.random() < 0.8 else "-"
             edges.append(
                 {
@@ -68,17 +71,18 @@ def make_batch(trajectories: int, actions: int, response_length: int, group_size
                     "unit": "v",
                 }
             )
-        errors = [{"action": int(a), "kind": "tool_error"} for a in np.flatnonzero(rng.random(actions) < 0.1)]
-        graph, _ = validate_graph(
-            {"num_actions": actions, "edges": edges, "errors": errors, "direct_user_inputs": {"0": 1}}, actions
+        errors = [{"action": int(a), "kind": "tool_error"} for a in np.flatnonzero(rng.random(num_actions) < 0.1)]
+        graph, report = validate_graph(
+            {"num_actions": num_actions, "edges": edges, "errors": errors, "direct_user_inputs": {"0": 1}}, num_actions
         )
+        assert not report.fallback, report.problems  # the benchmark must route real graphs
         graphs.append(graph)
-        roles = tuple(rng.choice(["IG", "AE", "RV"], size=actions).tolist())
+        roles = tuple(rng.choice(["IG", "AE", "RV"], size=num_actions).tolist())
         call_edges = tuple(
             CallEdge(int(s), int(d), "IG->AE")
-            for s, d in (sorted(rng.choice(actions, size=2, replace=False).tolist()) for _ in range(actions))
+            for s, d in (sorted(rng.choice(num_actions, size=2, replace=False).tolist()) for _ in range(num_actions))
         )
-        call_graphs.append(CallGraph(roles, (False,) * actions, call_edges))
+        call_graphs.append(CallGraph(roles, (False,) * num_actions, call_edges))
     return rewards, mask, index, spans, graphs, call_graphs
 
 
@@ -143,7 +147,7 @@ def main() -> None:
         f"torch {torch.__version__}"
     )
     print(
-        f"batch: {args.trajectories} trajectories x {args.actions} actions x {args.response_length} tokens, "
+        f"batch: {args.trajectories} trajectories x up to {args.actions} actions x {args.response_length} tokens, "
         f"groups of {args.group_size}, {args.repeats} repeats (median, p75)"
     )
     print("| arm | median ms | p75 ms | ratio to verl GRPO |")

@@ -77,6 +77,24 @@ def test_trajectory_advantage_matches_verl_per_row() -> None:
     assert torch.equal(ours, expected[:, 0])
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_random_float_rewards_and_mixed_group_sizes_match_verl_bitwise(seed: int) -> None:
+    # rewards that are not exactly representable sums, groups of 1..17 members, shuffled rows
+    generator = torch.Generator().manual_seed(seed)
+    sizes = [1, 2, 3, 5, 8, 16, 17, 16, 4, 1]
+    index = np.array([f"g{g}" for g, size in enumerate(sizes) for _ in range(size)], dtype=object)
+    index = index[torch.randperm(len(index), generator=generator).numpy()]
+    scores = torch.randn(len(index), generator=generator) * 3.7 + 0.1
+    rewards = torch.zeros(len(index), 5)
+    rewards[:, -1] = scores
+    for norm_by_std in (True, False):
+        expected, _ = compute_grpo_outcome_advantage(
+            rewards.clone(), torch.ones_like(rewards), index, norm_adv_by_std_in_grpo=norm_by_std
+        )
+        ours = compute_grpo_trajectory_advantage(rewards.sum(-1), index, norm_adv_by_std_in_grpo=norm_by_std)
+        assert torch.equal(ours, expected[:, 0])
+
+
 def test_shape_errors_are_clear() -> None:
     with pytest.raises(ValueError, match="scores must have shape"):
         compute_grpo_trajectory_advantage(torch.zeros(2, 3), ["a", "b"])
