@@ -14,25 +14,31 @@ import torch
 
 from verl_credit.annotate.roles import analyze_calls, build_call_graph
 from verl_credit.call_graph import CallEdge, CallGraph
+from verl_credit.config import CallCreditConfig, CounterfactualConfig, CreditConfig
 from verl_credit.credit.call_extras import (
+    EDIT_PROPOSERS,
     AdaptiveRoleWeights,
     AlternativeEdit,
-    CallExtrasConfig,
     CounterfactualResult,
     EditProposer,
+    RemoveCallProposer,
     ReplayEnvironment,
+    ReplayRequest,
     add_rv_reward,
     apply_counterfactual_calibration,
+    build_edit_proposer,
     compute_rv_rewards,
     counterfactual_delta_matrix,
     downweight_ig_calls,
     estimate_counterfactual_deltas,
+    register_edit_proposer,
     route_rv_reward_tokens,
     run_counterfactuals,
+    run_replays,
     rv_reward_matrix,
     select_counterfactual_calls,
 )
-from verl_credit.dpo_export import build_dpo_pairs, counterfactual_message, write_dpo_pairs
+from verl_credit.dpo_export import append_dpo_pairs, build_dpo_pairs, counterfactual_message, write_dpo_pairs
 from verl_credit.trajectory import Trajectory
 
 # ------------------------------------------------------------------ RV self-correction reward
@@ -304,20 +310,128 @@ def test_adaptive_role_weights_respect_bounds() -> None:
     assert state.omega == pytest.approx({"AE": 1.05, "IG": 0.3, "RV": 0.3})
 
 
-def test_call_extras_config() -> None:
-    config = CallExtrasConfig()
-    assert not config.counterfactual and not config.adaptive_omega and not config.ig_downweight
-    assert CallExtrasConfig.from_mapping({"eta": 0.2}).eta == 0.2
-    with pytest.raises(ValueError, match=r"call_extras\.bogus"):
-        CallExtrasConfig.from_mapping({"bogus": 1})
-    with pytest.raises(ValueError, match="omega_min"):
-        CallExtrasConfig(omega_min=2.0, omega_max=1.0)
-    with pytest.raises(ValueError, match="ig_factor"):
-        CallExtrasConfig(ig_factor=0.0)
-    state = AdaptiveRoleWeights.from_config({"AE": 1.0, "IG": 0.6, "RV": 0.4}, CallExtrasConfig(rho=0.3))
-    assert state.rho == 0.3
+def test_optional_part_settings_live_under_call_credit() -> None:
+    config = CreditConfig.from_mapping({"estimator": "call_credit"}).call_credit
+    assert not config.counterfactual.enabled and not config.adaptive_omega.enabled
+    assert not config.ig_downweight.enabled and config.dpo_export.path is None
+    assert not config.needs_replay and not config.extras_enabled
+    values = {"counterfactual": {"enabled": True, "eta": 0.2}, "adaptive_omega": {"rho": 0.3}}
+    config = CreditConfig.from_mapping({"call_credit": values}).call_credit
+    assert config.counterfactual.eta == 0.2 and config.needs_replay and config.extras_enabled
+    # a budget of 0 replays nothing
+    assert not CallCreditConfig(counterfactual=CounterfactualConfig(enabled=True, budget=0)).needs_replay
+    state = AdaptiveRoleWeights.from_config({"AE": 1.0, "IG": 0.6, "RV": 0.4}, config.adaptive_omega)
+    assert state.rho == 0.3 and (state.omega_min, state.omega_max) == (0.1, 2.0)
     with pytest.raises(ValueError, match="missing roles"):
         AdaptiveRoleWeights({"AE": 1.0})
+
+
+@pytest.mark.parametrize(
+    ("values", "key"),
+    [
+        ({"counterfactual": {"bogus": 1}}, r"credit\.call_credit\.counterfactual\.bogus"),
+        ({"counterfactual": {"budget": -1}}, r"credit\.call_credit\.counterfactual\.budget"),
+        ({"counterfactual": {"budget": 2.5}}, r"credit\.call_credit\.counterfactual\.budget"),
+        ({"counterfactual": {"enabled": "yes"}}, r"credit\.call_credit\.counterfactual\.enabled"),
+        ({"counterfactual": {"factor_floor": 0.0}}, r"credit\.call_credit\.counterfactual\.factor_floor"),
+        ({"counterfactual": {"timeout": 0}}, r"credit\.call_credit\.counterfactual\.timeout"),
+        ({"counterfactual": 3}, r"credit\.call_credit\.counterfactual must be a mapping"),
+        ({"adaptive_omega": {"omega_min": 2.0, "omega_max": 1.0}}, r"credit\.call_credit\.adaptive_omega\.omega_max"),
+        ({"adaptive_omega": {"rho": 1.5}}, r"credit\.call_credit\.adaptive_omega\.rho"),
+        ({"ig_downweight": {"factor": 0.0}}, r"credit\.call_credit\.ig_downweight\.factor"),
+        ({"dpo_export": {"theta_ae": -1.0}}, r"credit\.call_credit\.dpo_export\.theta_ae"),
+        ({"dpo_export": {"path": "pairs.jsonl"}}, r"credit\.call_credit\.dpo_export\.path needs .*counterfactual"),
+        ({"replay": {}}, r"credit\.call_credit\.replay"),
+    ],
+)
+def test_optional_part_settings_reject_bad_values_naming_the_key(values: dict, key: str) -> None:
+    with pytest.raises(ValueError, match=key):
+        CreditConfig.from_mapping({"call_credit": values})
+
+
+def test_adaptive_role_weights_state_round_trip() -> None:
+    state = AdaptiveRoleWeights({"AE": 1.0, "IG": 0.6, "RV": 0.4}, rho=0.5, ema_beta=0.5)
+    advantage = torch.tensor([[2.0, -2.0, 1.0, 1.0]])
+    masks = {"AE": torch.tensor([[1, 1, 0, 0]]), "IG": torch.tensor([[0, 0, 1, 0]]), "RV": torch.tensor([[0, 0, 0, 1]])}
+    state.update(advantage, masks, torch.tensor([[1.0, 0.0, 0.0, 0.0]]), torch.tensor([[1, 1, 0, 0]]))
+    saved = json.loads(json.dumps(state.state_dict()))
+    fresh = AdaptiveRoleWeights({"AE": 1.0, "IG": 0.6, "RV": 0.4}, rho=0.5, ema_beta=0.5)
+    fresh.load_state_dict(saved)
+    assert (fresh.omega, fresh.share, fresh.delta) == (state.omega, state.share, state.delta)
+    # the restored state continues exactly like the original
+    assert fresh.update(advantage, masks) == state.update(advantage, masks)
+    with pytest.raises(ValueError, match="share is missing roles"):
+        fresh.load_state_dict({"omega": saved["omega"], "share": {"AE": 1.0}})
+
+
+# ------------------------------------------------------------------ proposers and the replay runner
+
+
+def test_remove_proposer_and_registry(monkeypatch) -> None:
+    messages = [*_fix_transcript(), {"role": "assistant", "content": "Fixed: divide returns 0.0 for b = 0."}]
+    trajectory = Trajectory.from_messages(messages, id="t0", reward=1.0)
+    proposer = build_edit_proposer("remove")
+    assert isinstance(proposer, RemoveCallProposer) and isinstance(proposer, EditProposer)
+    assert proposer.propose(trajectory, 2) == AlternativeEdit(None, source="remove")  # the edit call
+    assert proposer.propose(trajectory, 4) is None  # the final answer has no tool call to remove
+    # import path (package.module:Class) and registration
+    by_path = build_edit_proposer("verl_credit.credit.call_extras:RemoveCallProposer")
+    assert isinstance(by_path, RemoveCallProposer) and by_path is not proposer
+    monkeypatch.setitem(EDIT_PROPOSERS, "wrong_fix", lambda: FakeProposer("    return 0"))
+    assert build_edit_proposer("wrong_fix").propose(trajectory, 2).arguments["new"] == "    return 0"
+    with pytest.raises(ValueError, match="unknown edit proposer 'nope'"):
+        build_edit_proposer("nope")
+    with pytest.raises(ValueError, match="cannot import edit proposer"):
+        build_edit_proposer("verl_credit.credit.call_extras:Missing")
+    with pytest.raises(ValueError, match="has no propose"):
+        build_edit_proposer("collections:OrderedDict")
+    with pytest.raises(ValueError, match="already registered"):
+        register_edit_proposer("remove")(FakeProposer)
+
+
+def test_run_replays_counts_failures_and_keeps_order() -> None:
+    trajectory = Trajectory.from_messages(_fix_transcript(), id="t0", reward=1.0)
+    requests = [ReplayRequest(0, call, trajectory, AlternativeEdit(None, "remove"), 1.0) for call in (0, 1, 2, 3)]
+    running = {"now": 0, "peak": 0}
+
+    async def replay(request: ReplayRequest) -> float:
+        running["now"] += 1
+        running["peak"] = max(running["peak"], running["now"])
+        try:
+            await asyncio.sleep(0.05)
+            if request.call_index == 1:
+                raise RuntimeError("sandbox broke")
+            if request.call_index == 3:
+                await asyncio.sleep(5)  # past the time limit
+            return float("nan") if request.call_index == 0 else 0.25
+        finally:
+            running["now"] -= 1
+
+    results, failures = asyncio.run(run_replays(requests, replay, concurrency=2, timeout=0.5))
+    # call 2: R(tau') = 0.25 -> Delta = 0.75; the original arguments are the edit's
+    assert [(r.call_index, r.delta) for r in results] == [(2, 0.75)]
+    assert results[0].original_arguments["new"] == "    return a / b if b else 0.0"
+    assert [(f.call_index, f.error.split(":")[0].split(" ")[0]) for f in failures] == [
+        (0, "replay"),
+        (1, "RuntimeError"),
+        (3, "replay"),
+    ]
+    assert "returned nan" in failures[0].error and "timed out" in failures[2].error
+    assert running["peak"] == 2  # never more than `concurrency` at once
+    with pytest.raises(ValueError, match="concurrency"):
+        asyncio.run(run_replays(requests, replay, concurrency=0))
+
+
+def test_rescale_keeps_untouched_rows_bit_identical() -> None:
+    weight = torch.tensor([[0.1, 0.7, 2.2], [1.3, 0.3, 1.4]], dtype=torch.float64)
+    lengths = torch.tensor([[3.0, 7.0, 11.0], [5.0, 2.0, 9.0]], dtype=torch.float64)
+    delta = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 0.0]], dtype=torch.float64)
+    has = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 0.0]], dtype=torch.float64)
+    out = apply_counterfactual_calibration(weight, lengths, delta, has, eta=0.5)
+    assert torch.equal(out[1], weight[1])  # no replay in row 1: exactly the old weights
+    # row 0: w' = [0.1, 1.05, 2.2] rescaled to mass 0.3 + 4.9 + 24.2 = 29.4
+    assert math.isclose(float((lengths[0] * out[0]).sum()), 29.4, rel_tol=1e-12)
+    assert float(out[0, 1] / out[0, 0]) == pytest.approx(10.5)
 
 
 # ------------------------------------------------------------------ DPO export
@@ -346,6 +460,14 @@ def test_dpo_pairs(tmp_path) -> None:
     path = tmp_path / "dpo.jsonl"
     assert write_dpo_pairs(path, pairs) == 1
     assert json.loads(path.read_text().splitlines()[0])["id"] == "t0"
+    # the trainer appends each step's pairs, with the step and the proposer's name
+    appended = tmp_path / "run" / "pairs.jsonl"
+    assert append_dpo_pairs(appended, build_dpo_pairs([trajectory], results, step=3)) == 1
+    assert append_dpo_pairs(appended, build_dpo_pairs([trajectory], [flipped], step=4)) == 1
+    assert append_dpo_pairs(appended, []) == 0
+    lines = [json.loads(line) for line in appended.read_text().splitlines()]
+    assert [(r["step"], r["chosen"], r["source"]) for r in lines] == [(3, "original", ""), (4, "counterfactual", "")]
+    assert "step" not in pairs[0]
     # a dropped call
     dropped = counterfactual_message(_fix_transcript()[5], None)
     assert dropped["tool_calls"] is None

@@ -13,7 +13,17 @@ from typing import Any
 from verl_credit.credit.call_credit import CALL_CREDIT_MODES, ROLES
 from verl_credit.credit.iapo import NEG_ROUTES
 
-__all__ = ["ESTIMATORS", "CallCreditConfig", "CreditConfig", "IAPOConfig"]
+__all__ = [
+    "ESTIMATORS",
+    "RV_REWARDS",
+    "AdaptiveOmegaConfig",
+    "CallCreditConfig",
+    "CounterfactualConfig",
+    "CreditConfig",
+    "DPOExportConfig",
+    "IAPOConfig",
+    "IGDownweightConfig",
+]
 
 ESTIMATORS: tuple[str, ...] = ("iapo", "call_credit", "grpo")
 RV_REWARDS: tuple[str, ...] = ("off", "self_correction", "literal")
@@ -48,6 +58,135 @@ class IAPOConfig:
 
 
 @dataclass(frozen=True)
+class CounterfactualConfig:
+    """``credit.call_credit.counterfactual``: counterfactual calibration of AE calls (DESIGN.md section 4).
+
+    Each step, the ``budget`` AE calls with the largest ``|A_i|`` are replayed through the session's
+    environment with the call's tool call replaced (``proposer``); ``Delta_k = R(tau) - R(tau')`` and
+    ``w_k <- w_k max(1 + eta sign(A) Delta_k, factor_floor)``, then each trajectory's mass is restored.
+    """
+
+    enabled: bool = False
+    """Switch (needs an environment with ``replay``, e.g. the coding sandbox)."""
+    budget: int = 4
+    """K: AE calls replayed per training step (the K largest ``|A_i|`` of the batch)."""
+    eta: float = 0.5
+    """Calibration strength."""
+    factor_floor: float = 1e-3
+    """Lower bound of the calibration factor (keeps every weight positive)."""
+    proposer: str = "remove"
+    """Alternative of the replayed call: ``remove`` (the call is dropped: "what if this edit had not been
+    made", model-free), another registered name, or ``package.module:Class``."""
+    concurrency: int = 4
+    """Replays run at once (each in its own environment instance)."""
+    timeout: float = 300.0
+    """Seconds per replay; a replay past it counts as a failure."""
+
+    def __post_init__(self) -> None:
+        prefix = "credit.call_credit.counterfactual"
+        _check_switch(self.enabled, f"{prefix}.enabled")
+        _check_count(self.budget, f"{prefix}.budget")
+        _check_count(self.concurrency, f"{prefix}.concurrency")
+        if self.budget < 0:
+            raise ValueError(f"{prefix}.budget must be >= 0, got {self.budget}")
+        if self.eta < 0:
+            raise ValueError(f"{prefix}.eta must be >= 0, got {self.eta}")
+        if not 0 < self.factor_floor <= 1:
+            raise ValueError(f"{prefix}.factor_floor must be in (0, 1], got {self.factor_floor}")
+        if not isinstance(self.proposer, str) or not self.proposer:
+            raise ValueError(f"{prefix}.proposer must be a proposer name, got {self.proposer!r}")
+        if self.concurrency < 1:
+            raise ValueError(f"{prefix}.concurrency must be >= 1, got {self.concurrency}")
+        if not self.timeout > 0:
+            raise ValueError(f"{prefix}.timeout must be > 0, got {self.timeout}")
+
+
+@dataclass(frozen=True)
+class IGDownweightConfig:
+    """``credit.call_credit.ig_downweight``: IG calls whose replay shows ``Delta < theta_ig`` get
+    ``w * factor`` (mass restored). The ``budget`` IG calls with the largest ``|A_i|`` are replayed
+    per step (same environment, proposer, concurrency and timeout as ``counterfactual``)."""
+
+    enabled: bool = False
+    budget: int = 4
+    """IG calls replayed per training step."""
+    theta_ig: float = 0.5
+    """Threshold on ``Delta = R(tau) - R(tau without the call)``; with 0/1 rewards, 0.5 down-weights
+    reads whose removal does not lower the reward."""
+    factor: float = 0.5
+    """Multiplier of a down-weighted IG call's weight, in (0, 1]."""
+
+    def __post_init__(self) -> None:
+        prefix = "credit.call_credit.ig_downweight"
+        _check_switch(self.enabled, f"{prefix}.enabled")
+        _check_count(self.budget, f"{prefix}.budget")
+        if self.budget < 0:
+            raise ValueError(f"{prefix}.budget must be >= 0, got {self.budget}")
+        if not 0 < self.factor <= 1:
+            raise ValueError(f"{prefix}.factor must be in (0, 1], got {self.factor}")
+
+
+@dataclass(frozen=True)
+class AdaptiveOmegaConfig:
+    """``credit.call_credit.adaptive_omega``: after each step, omega moves by ``rho`` toward the EMA
+    (weight ``ema_beta``) of each role's share of mean ``|A_i|`` (times ``1 + mean Delta`` where
+    replays measured one), clipped to ``[omega_min, omega_max]``; the next step uses it."""
+
+    enabled: bool = False
+    rho: float = 0.1
+    """Step of omega toward its target, in [0, 1]."""
+    ema_beta: float = 0.1
+    """Weight of the newest step in the EMAs, in (0, 1]."""
+    omega_min: float = 0.1
+    omega_max: float = 2.0
+
+    def __post_init__(self) -> None:
+        prefix = "credit.call_credit.adaptive_omega"
+        _check_switch(self.enabled, f"{prefix}.enabled")
+        if not 0 <= self.rho <= 1:
+            raise ValueError(f"{prefix}.rho must be in [0, 1], got {self.rho}")
+        if not 0 < self.ema_beta <= 1:
+            raise ValueError(f"{prefix}.ema_beta must be in (0, 1], got {self.ema_beta}")
+        if not self.omega_min > 0:
+            raise ValueError(f"{prefix}.omega_min must be > 0, got {self.omega_min}")
+        if not self.omega_max >= self.omega_min:
+            raise ValueError(
+                f"{prefix}.omega_max must be >= {prefix}.omega_min ({self.omega_min}), got {self.omega_max}"
+            )
+
+
+@dataclass(frozen=True)
+class DPOExportConfig:
+    """``credit.call_credit.dpo_export``: append ``(context, original AE, counterfactual AE, Delta)``
+    pairs of the counterfactual replays to a JSONL file (``verl_credit.dpo_export``)."""
+
+    path: str | None = None
+    """JSONL file the pairs are appended to (``null``: no export)."""
+    theta_ae: float = 0.0
+    """Only pairs with ``|Delta| > theta_ae``."""
+
+    def __post_init__(self) -> None:
+        prefix = "credit.call_credit.dpo_export"
+        if self.path is not None and (not isinstance(self.path, str) or not self.path):
+            raise ValueError(f"{prefix}.path must be a file path or null, got {self.path!r}")
+        if self.theta_ae < 0:
+            raise ValueError(f"{prefix}.theta_ae must be >= 0, got {self.theta_ae}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.path is not None
+
+
+#: the optional parts of CALL-CREDIT: sub-node name -> its settings class
+CALL_CREDIT_PARTS: dict[str, type] = {
+    "counterfactual": CounterfactualConfig,
+    "ig_downweight": IGDownweightConfig,
+    "adaptive_omega": AdaptiveOmegaConfig,
+    "dpo_export": DPOExportConfig,
+}
+
+
+@dataclass(frozen=True)
 class CallCreditConfig:
     """CALL-CREDIT decomposition (DESIGN.md section 4)."""
 
@@ -65,6 +204,10 @@ class CallCreditConfig:
     """RV self-correction reward: ``off``, ``self_correction`` (+kappa) or ``literal`` (seed formula)."""
     kappa: float = 0.1
     """Size of the RV self-correction reward."""
+    counterfactual: CounterfactualConfig = field(default_factory=CounterfactualConfig)
+    ig_downweight: IGDownweightConfig = field(default_factory=IGDownweightConfig)
+    adaptive_omega: AdaptiveOmegaConfig = field(default_factory=AdaptiveOmegaConfig)
+    dpo_export: DPOExportConfig = field(default_factory=DPOExportConfig)
 
     def __post_init__(self) -> None:
         if self.mode not in CALL_CREDIT_MODES:
@@ -85,6 +228,26 @@ class CallCreditConfig:
                 raise ValueError(f"credit.call_credit.omega.{role} must be > 0, got {value}")
         if self.rv_reward not in RV_REWARDS:
             raise ValueError(f"credit.call_credit.rv_reward must be one of {RV_REWARDS}, got {self.rv_reward!r}")
+        for name, kind in CALL_CREDIT_PARTS.items():
+            if not isinstance(getattr(self, name), kind):
+                raise ValueError(f"credit.call_credit.{name} must be a {kind.__name__}, got {getattr(self, name)!r}")
+        if self.dpo_export.enabled and not self.counterfactual.enabled:
+            raise ValueError(
+                "credit.call_credit.dpo_export.path needs credit.call_credit.counterfactual.enabled=true "
+                "(the pairs come from its replays)"
+            )
+
+    @property
+    def needs_replay(self) -> bool:
+        """Whether a step replays calls (counterfactual calibration or IG down-weighting)."""
+        return (self.counterfactual.enabled and self.counterfactual.budget > 0) or (
+            self.ig_downweight.enabled and self.ig_downweight.budget > 0
+        )
+
+    @property
+    def extras_enabled(self) -> bool:
+        """Whether any optional part other than the RV reward is on."""
+        return self.counterfactual.enabled or self.ig_downweight.enabled or self.adaptive_omega.enabled
 
 
 @dataclass(frozen=True)
@@ -119,12 +282,29 @@ class CreditConfig:
         call_credit_values = dict(merged.pop("call_credit", None) or {})
         if "omega" in call_credit_values:
             call_credit_values["omega"] = dict(call_credit_values["omega"])
+        for name, kind in CALL_CREDIT_PARTS.items():
+            if name in call_credit_values:
+                part = call_credit_values[name]
+                if not isinstance(part, kind):
+                    if part is not None and not isinstance(part, Mapping):
+                        raise ValueError(f"credit.call_credit.{name} must be a mapping, got {part!r}")
+                    call_credit_values[name] = _build(kind, part or {}, f"credit.call_credit.{name}")
         call_credit = _build(CallCreditConfig, call_credit_values, "credit.call_credit")
         top = {f.name for f in fields(cls)} - {"iapo", "call_credit"}
         unknown = sorted(set(merged) - top)
         if unknown:
             raise ValueError(f"unknown key(s) {', '.join('credit.' + k for k in unknown)}; known: {sorted(top)}")
         return cls(iapo=iapo, call_credit=call_credit, **merged)
+
+
+def _check_switch(value: Any, key: str) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{key} must be true or false, got {value!r}")
+
+
+def _check_count(value: Any, key: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{key} must be an integer, got {value!r}")
 
 
 def _build(kind: type, values: Mapping[str, Any], prefix: str) -> Any:

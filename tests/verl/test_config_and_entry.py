@@ -45,6 +45,27 @@ OVERRIDES: dict[str, tuple[str, object]] = {
     "credit.call_credit.omega.RV": ("0.3", 0.3),
     "credit.call_credit.rv_reward": ("self_correction", "self_correction"),
     "credit.call_credit.kappa": ("0.2", 0.2),
+    "credit.call_credit.counterfactual.enabled": ("true", True),
+    "credit.call_credit.counterfactual.budget": ("8", 8),
+    "credit.call_credit.counterfactual.eta": ("0.25", 0.25),
+    "credit.call_credit.counterfactual.factor_floor": ("0.01", 0.01),
+    "credit.call_credit.counterfactual.proposer": (
+        "verl_credit.credit.call_extras:RemoveCallProposer",
+        "verl_credit.credit.call_extras:RemoveCallProposer",
+    ),
+    "credit.call_credit.counterfactual.concurrency": ("2", 2),
+    "credit.call_credit.counterfactual.timeout": ("60.0", 60.0),
+    "credit.call_credit.ig_downweight.enabled": ("true", True),
+    "credit.call_credit.ig_downweight.budget": ("2", 2),
+    "credit.call_credit.ig_downweight.theta_ig": ("0.25", 0.25),
+    "credit.call_credit.ig_downweight.factor": ("0.75", 0.75),
+    "credit.call_credit.adaptive_omega.enabled": ("true", True),
+    "credit.call_credit.adaptive_omega.rho": ("0.2", 0.2),
+    "credit.call_credit.adaptive_omega.ema_beta": ("0.3", 0.3),
+    "credit.call_credit.adaptive_omega.omega_min": ("0.2", 0.2),
+    "credit.call_credit.adaptive_omega.omega_max": ("1.5", 1.5),
+    "credit.call_credit.dpo_export.path": ("/tmp/dpo_pairs.jsonl", "/tmp/dpo_pairs.jsonl"),
+    "credit.call_credit.dpo_export.theta_ae": ("0.1", 0.1),
     "credit.annotator.name": ("hybrid", "hybrid"),
     "credit.annotator.in_rollout": ("false", False),
     "credit.annotator.base_urls": ("[http://a:8000,http://b:8000]", ["http://a:8000", "http://b:8000"]),
@@ -116,6 +137,9 @@ def test_every_credit_key_overridable_without_plus():
     settings = load_settings(config)  # and the whole set is valid
     assert settings.credit.iapo.clip_c == 0.5 and settings.user.script == ("card", "yes")
     assert settings.annotator.base_urls == ("http://a:8000", "http://b:8000") and settings.layout == "per_request"
+    call = settings.credit.call_credit
+    assert call.counterfactual.budget == 8 and call.adaptive_omega.omega_max == 1.5
+    assert call.dpo_export.path == "/tmp/dpo_pairs.jsonl" and call.ig_downweight.factor == 0.75
     # an open mapping takes new keys with '+'
     config = compose_credit_config(["+credit.env.options.variant=refund"])
     assert load_settings(config).env.options == {"variant": "refund"}
@@ -128,6 +152,11 @@ def test_every_credit_key_overridable_without_plus():
         ("credit.iapo.neg_route=sideways", "credit.iapo.neg_route"),
         ("credit.call_credit.gamma=0", "credit.call_credit.gamma"),
         ("credit.call_credit.omega.AE=0", "credit.call_credit.omega.AE"),
+        ("credit.call_credit.counterfactual.budget=-1", "credit.call_credit.counterfactual.budget"),
+        ("credit.call_credit.counterfactual.proposer=oracle", "credit.call_credit.counterfactual.proposer"),
+        ("credit.call_credit.adaptive_omega.omega_min=0", "credit.call_credit.adaptive_omega.omega_min"),
+        ("credit.call_credit.ig_downweight.factor=0", "credit.call_credit.ig_downweight.factor"),
+        ("credit.call_credit.dpo_export.path=/tmp/p.jsonl", "credit.call_credit.dpo_export.path"),
         ("credit.layout=interleaved", "credit.layout"),
         ("credit.annotator.fallback=guess", "credit.annotator.fallback"),
         ("credit.annotator.name=llm", "credit.annotator.base_urls"),
@@ -144,6 +173,8 @@ def test_bad_values_name_the_key(override, key):
 def test_unknown_key_added_with_plus_is_rejected():
     with pytest.raises(ValueError, match=r"credit\.iapo\.beta"):
         load_settings(compose_credit_config(["+credit.iapo.beta=1"]))
+    with pytest.raises(ValueError, match=r"credit\.call_credit\.counterfactual\.budgett"):
+        load_settings(compose_credit_config(["+credit.call_credit.counterfactual.budgett=1"]))
 
 
 def test_stock_config_without_credit_node_is_named():

@@ -30,110 +30,66 @@ Equations:
          row's mass is restored as in (15).
 
 Replay comes from an environment (the coding sandbox) through :class:`ReplayEnvironment`; the
-alternative edit from an :class:`EditProposer` (e.g. the policy's second-best sample).
+alternative edit from an :class:`EditProposer` (built by name with :func:`build_edit_proposer`;
+``remove``, the default, drops the call). :func:`run_replays` runs a step's replays concurrently,
+each with a time limit, and returns the failures instead of raising them.
+
+Settings (switches, budget, eta, bounds, thresholds) are ``verl_credit.config.CallCreditConfig``'s
+sub-nodes ``counterfactual``, ``ig_downweight``, ``adaptive_omega`` and ``dpo_export``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import inspect
 import math
-from collections.abc import Awaitable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
 
 from verl_credit.call_graph import CallGraph
-from verl_credit.config import RV_REWARDS
+from verl_credit.config import RV_REWARDS, AdaptiveOmegaConfig
 from verl_credit.credit.call_credit import ROLES
 from verl_credit.credit.tokens import scatter_action_values_to_tokens
 from verl_credit.trajectory import Trajectory
 
 __all__ = [
+    "EDIT_PROPOSERS",
     "RV_REWARD_MODES",
     "WEAKNESSES",
     "AdaptiveRoleWeights",
     "AlternativeEdit",
-    "CallExtrasConfig",
     "CallRecord",
     "CounterfactualResult",
     "EditProposer",
+    "RemoveCallProposer",
     "ReplayEnvironment",
+    "ReplayFailure",
+    "ReplayRequest",
     "TrajectoryCalls",
     "add_rv_reward",
     "apply_counterfactual_calibration",
+    "build_edit_proposer",
     "compute_rv_rewards",
     "compute_weakness_report",
     "counterfactual_delta_matrix",
     "downweight_ig_calls",
+    "edit_proposer_factory",
     "estimate_counterfactual_deltas",
+    "register_edit_proposer",
     "rescale_row_mass",
     "route_rv_reward_tokens",
     "run_counterfactuals",
+    "run_replays",
     "rv_reward_matrix",
     "select_counterfactual_calls",
 ]
 
 RV_REWARD_MODES: tuple[str, ...] = RV_REWARDS  # "off", "self_correction", "literal" (CallCreditConfig.rv_reward)
-
-
-@dataclass(frozen=True)
-class CallExtrasConfig:
-    """Switches and knobs of the optional parts (all off by default).
-
-    The RV reward's switch and size are ``CallCreditConfig.rv_reward`` / ``kappa``.
-    """
-
-    counterfactual: bool = False
-    """Counterfactual calibration of the highest-|A| AE calls (needs a replay environment)."""
-    counterfactual_budget: int = 4
-    """K: replays per training step (the K AE calls with the largest |A_i| in the batch)."""
-    eta: float = 0.5
-    """Calibration strength in w_k <- w_k (1 + eta Delta_k)."""
-    factor_floor: float = 1e-3
-    """Lower bound of the calibration factor (keeps every weight positive)."""
-    adaptive_omega: bool = False
-    """Move omega toward the EMA of per-role |A| share (and Delta) after every step."""
-    rho: float = 0.1
-    """Step of omega toward its target."""
-    ema_beta: float = 0.1
-    """Weight of the newest step in the EMAs."""
-    omega_min: float = 0.1
-    omega_max: float = 2.0
-    ig_downweight: bool = False
-    """Multiply the weight of IG calls whose Delta < theta_ig by ig_factor."""
-    theta_ig: float = 0.0
-    ig_factor: float = 0.5
-    theta_ae: float = 0.0
-    """DPO export: only pairs with |Delta| > theta_ae."""
-
-    def __post_init__(self) -> None:
-        if self.counterfactual_budget < 0:
-            raise ValueError(f"call_extras.counterfactual_budget must be >= 0, got {self.counterfactual_budget}")
-        if self.eta < 0:
-            raise ValueError(f"call_extras.eta must be >= 0, got {self.eta}")
-        if not 0 < self.factor_floor <= 1:
-            raise ValueError(f"call_extras.factor_floor must be in (0, 1], got {self.factor_floor}")
-        if not 0 <= self.rho <= 1:
-            raise ValueError(f"call_extras.rho must be in [0, 1], got {self.rho}")
-        if not 0 < self.ema_beta <= 1:
-            raise ValueError(f"call_extras.ema_beta must be in (0, 1], got {self.ema_beta}")
-        if not 0 < self.omega_min <= self.omega_max:
-            raise ValueError(f"call_extras needs 0 < omega_min <= omega_max, got {self.omega_min}, {self.omega_max}")
-        if not 0 < self.ig_factor <= 1:
-            raise ValueError(f"call_extras.ig_factor must be in (0, 1], got {self.ig_factor}")
-        if self.theta_ae < 0:
-            raise ValueError(f"call_extras.theta_ae must be >= 0, got {self.theta_ae}")
-
-    @classmethod
-    def from_mapping(cls, values: Mapping[str, Any] | None = None) -> CallExtrasConfig:
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(values or {}) - names)
-        if unknown:
-            raise ValueError(f"unknown key(s) {', '.join('call_extras.' + k for k in unknown)}; known: {sorted(names)}")
-        return cls(**dict(values or {}))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -275,6 +231,66 @@ class CounterfactualResult:
         return self.reward - self.counterfactual_reward
 
 
+class RemoveCallProposer:
+    """``remove``: the alternative of a call is *not making it* (its first tool call is dropped):
+    "what if this edit (or read) had not been made". Model-free; calls without a tool call have no
+    alternative (``None``)."""
+
+    def propose(self, trajectory: Trajectory, call_index: int) -> AlternativeEdit | None:
+        if not trajectory.actions[call_index].tool_calls:
+            return None
+        return AlternativeEdit(None, source="remove")
+
+
+#: edit proposers by name (``credit.call_credit.counterfactual.proposer``)
+EDIT_PROPOSERS: dict[str, Callable[[], EditProposer]] = {"remove": RemoveCallProposer}
+
+
+def register_edit_proposer(name: str) -> Callable[[Callable[[], EditProposer]], Callable[[], EditProposer]]:
+    """Register a proposer factory (a class without constructor arguments) under ``name``."""
+
+    def decorator(factory: Callable[[], EditProposer]) -> Callable[[], EditProposer]:
+        existing = EDIT_PROPOSERS.get(name)
+        if existing is not None and existing is not factory:
+            raise ValueError(f"edit proposer {name!r} is already registered to {existing}")
+        EDIT_PROPOSERS[name] = factory
+        return factory
+
+    return decorator
+
+
+def edit_proposer_factory(name: str) -> Callable[[], EditProposer]:
+    """The factory registered as ``name``, or the class at ``package.module:Class`` (not built).
+
+    Raises:
+        ValueError: unknown name or import failure.
+    """
+    factory = EDIT_PROPOSERS.get(name)
+    if factory is None and ":" in name:
+        module, _, attribute = name.partition(":")
+        try:
+            factory = getattr(importlib.import_module(module), attribute)
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"cannot import edit proposer {name!r}: {exc}") from None
+    if factory is None:
+        raise ValueError(
+            f"unknown edit proposer {name!r}; registered: {sorted(EDIT_PROPOSERS)} (or give package.module:Class)"
+        )
+    return factory
+
+
+def build_edit_proposer(name: str) -> EditProposer:
+    """An instance of :func:`edit_proposer_factory`'s factory.
+
+    Raises:
+        ValueError: unknown name, import failure, or an object without ``propose``.
+    """
+    proposer = edit_proposer_factory(name)()
+    if not isinstance(proposer, EditProposer):
+        raise ValueError(f"edit proposer {name!r} has no propose(trajectory, call_index) method")
+    return proposer
+
+
 def select_counterfactual_calls(
     action_advantage: torch.Tensor, is_ae: torch.Tensor, budget: int
 ) -> list[tuple[int, int]]:
@@ -341,6 +357,66 @@ def run_counterfactuals(
     return asyncio.run(estimate_counterfactual_deltas(trajectories, selected, env, proposer))
 
 
+@dataclass(frozen=True)
+class ReplayRequest:
+    """One call to replay: its place in the batch, its trajectory, the alternative and ``R(tau)``."""
+
+    row: int
+    call_index: int
+    trajectory: Trajectory
+    alternative: AlternativeEdit
+    reward: float
+
+
+@dataclass(frozen=True)
+class ReplayFailure:
+    """A replay that raised, timed out or returned a non-finite reward (counted, never raised)."""
+
+    row: int
+    call_index: int
+    error: str
+
+
+async def run_replays(
+    requests: Sequence[ReplayRequest],
+    replay: Callable[[ReplayRequest], Awaitable[float]],
+    concurrency: int = 4,
+    timeout: float = 300.0,
+) -> tuple[list[CounterfactualResult], list[ReplayFailure]]:
+    """Run ``replay`` (which returns ``R(tau')``) for every request, ``concurrency`` at a time, each
+    limited to ``timeout`` seconds. Results and failures keep the order of ``requests``."""
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(request: ReplayRequest) -> CounterfactualResult | ReplayFailure:
+        async with gate:
+            try:
+                value = float(await asyncio.wait_for(replay(request), timeout))
+            except TimeoutError:
+                return ReplayFailure(request.row, request.call_index, f"replay timed out after {timeout} s")
+            except Exception as exc:  # a replay never stops training; the caller counts it
+                return ReplayFailure(request.row, request.call_index, f"{type(exc).__name__}: {exc}")
+        if not math.isfinite(value):
+            return ReplayFailure(request.row, request.call_index, f"replay returned {value}")
+        action = request.trajectory.actions[request.call_index]
+        original = dict(action.tool_calls[0].arguments) if action.tool_calls else None
+        return CounterfactualResult(
+            request.row,
+            request.call_index,
+            request.trajectory.id,
+            original,
+            request.alternative,
+            request.reward,
+            value,
+        )
+
+    outcomes = await asyncio.gather(*(one(request) for request in requests))
+    results = [o for o in outcomes if isinstance(o, CounterfactualResult)]
+    failures = [o for o in outcomes if isinstance(o, ReplayFailure)]
+    return results, failures
+
+
 def counterfactual_delta_matrix(
     results: Sequence[CounterfactualResult], shape: tuple[int, int]
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -356,12 +432,13 @@ def counterfactual_delta_matrix(
 def rescale_row_mass(new_weight: torch.Tensor, old_weight: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """Rescale each row of ``new_weight`` so that ``sum_i L_i w_i`` equals that of ``old_weight``.
 
-    Rows whose new mass is 0 keep ``old_weight``. Shapes ``(B, T)``.
+    Rows whose new mass is 0, and rows ``new_weight`` leaves unchanged, keep ``old_weight`` exactly
+    (bit for bit). Shapes ``(B, T)``.
     """
     lengths = lengths.to(new_weight.dtype)
     old_mass = (lengths * old_weight).sum(-1, keepdim=True)
     new_mass = (lengths * new_weight).sum(-1, keepdim=True)
-    ok = new_mass > 0
+    ok = (new_mass > 0) & ~(new_weight == old_weight).all(-1, keepdim=True)
     scaled = new_weight * old_mass / torch.where(ok, new_mass, torch.ones_like(new_mass))
     return torch.where(ok, scaled, old_weight)
 
@@ -437,8 +514,24 @@ class AdaptiveRoleWeights:
             self.share = {r: self.omega[r] / total for r in ROLES}
 
     @classmethod
-    def from_config(cls, omega: Mapping[str, float], config: CallExtrasConfig) -> AdaptiveRoleWeights:
+    def from_config(cls, omega: Mapping[str, float], config: AdaptiveOmegaConfig) -> AdaptiveRoleWeights:
+        """The state at the start of training (``credit.call_credit.omega`` and ``.adaptive_omega``)."""
         return cls(dict(omega), config.rho, config.ema_beta, config.omega_min, config.omega_max)
+
+    def state_dict(self) -> dict[str, dict[str, float]]:
+        """What a checkpoint keeps: the running omega and both EMAs (JSON-serializable)."""
+        return {"omega": dict(self.omega), "share": dict(self.share), "delta": dict(self.delta)}
+
+    def load_state_dict(self, state: Mapping[str, Mapping[str, float]]) -> None:
+        """Restore :meth:`state_dict` (the knobs rho, ema_beta and bounds stay those of the config)."""
+        for name in ("omega", "share"):
+            values = dict(state[name])
+            missing = [r for r in ROLES if r not in values]
+            if missing:
+                raise ValueError(f"adaptive omega state: {name} is missing roles {missing}")
+        self.omega = {r: float(state["omega"][r]) for r in ROLES}
+        self.share = {r: float(state["share"][r]) for r in ROLES}
+        self.delta = {r: float(v) for r, v in dict(state.get("delta") or {}).items() if r in ROLES}
 
     def update(
         self,

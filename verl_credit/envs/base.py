@@ -34,6 +34,7 @@ __all__ = [
     "ToolResult",
     "UserTurn",
     "build_environment",
+    "episode_task",
     "register_environment",
 ]
 
@@ -81,6 +82,14 @@ class Environment(ABC):
 
     async def close(self) -> None:
         """Release resources (temp dirs, clients)."""
+
+
+def episode_task(extra_info: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The task mapping a dataset row gives :meth:`Environment.start`: ``extra_info["task"]`` when
+    it is a mapping, otherwise the whole ``extra_info`` (so ``{"env": "coding", "task":
+    "median_even"}`` works as well as ``{"task": {...}}``)."""
+    task = extra_info.get("task")
+    return task if isinstance(task, Mapping) else extra_info
 
 
 ENVIRONMENTS: dict[str, Callable[..., Environment]] = {}

@@ -42,7 +42,7 @@ from verl.experimental.agent_loop.tool_agent_loop import AgentData, AgentState, 
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
-from verl_credit.envs.base import Environment, build_environment
+from verl_credit.envs.base import Environment, build_environment, episode_task
 from verl_credit.trajectory import Trajectory
 from verl_credit.verl.annotation import annotate_finished_trajectory
 from verl_credit.verl.settings import CreditSettings, load_settings
@@ -146,7 +146,7 @@ class CreditAgentLoop(ToolAgentLoop):
     ) -> tuple[AgentData, dict[str, Any]]:
         episode_info: dict[str, Any] = {}
         if env is not None:
-            start = await env.start(extra_info.get("task", extra_info))
+            start = await env.start(episode_task(extra_info))
             messages: list[dict[str, Any]] = []
             if start.system_prompt:
                 messages.append({"role": "system", "content": start.system_prompt})

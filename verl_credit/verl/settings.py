@@ -5,7 +5,10 @@
 frozen dataclasses:
 
 * the credit math (``estimator``, ``norm_adv_by_std_in_grpo``, ``epsilon``, ``iapo.*``,
-  ``call_credit.*``) -> :class:`verl_credit.config.CreditConfig` (its own validation);
+  ``call_credit.*`` including the optional parts ``call_credit.counterfactual.*``,
+  ``.ig_downweight.*``, ``.adaptive_omega.*``, ``.dpo_export.*``) ->
+  :class:`verl_credit.config.CreditConfig` (its own validation; the edit proposer's name is
+  resolved here);
 * the rollout/runtime parts (``layout``, ``annotator.*``, ``user.*``, ``env.*``) -> the classes
   below.
 
@@ -187,6 +190,7 @@ def load_settings(config: Any) -> CreditSettings:
     if unknown:
         raise ValueError(f"unknown key(s) {', '.join('credit.' + k for k in unknown)}; known: {sorted(known)}")
     credit = CreditConfig.from_mapping({k: values[k] for k in _CREDIT_MATH_KEYS if k in values})
+    _check_edit_proposer(credit)
     if algorithm is not None:
         adv_estimator = algorithm.get("adv_estimator")
         if adv_estimator is not None and str(adv_estimator) != credit.estimator:
@@ -211,6 +215,16 @@ def load_settings(config: Any) -> CreditSettings:
         user=_build(UserSettings, user_values, "credit.user"),
         env=_build(EnvSettings, env_values, "credit.env"),
     )
+
+
+def _check_edit_proposer(credit: CreditConfig) -> None:
+    """The edit proposer must resolve (a registered name or ``module:Class``), switched on or not."""
+    from verl_credit.credit.call_extras import edit_proposer_factory
+
+    try:
+        edit_proposer_factory(credit.call_credit.counterfactual.proposer)
+    except ValueError as exc:
+        raise ValueError(f"credit.call_credit.counterfactual.proposer: {exc}") from None
 
 
 def _split(config: Any) -> tuple[Any, Mapping[str, Any] | None]:

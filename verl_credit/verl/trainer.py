@@ -8,6 +8,11 @@ Per step (``CreditTrainerSync._compute_advantage``), on the batch already in Tra
    skipped), one score per session from its *final* output (verl's multi-output GRPO rule),
    graphs read from ``extra_fields`` (annotated in the rollout) or annotated now (counted),
    ``routing.compute_batch_credit`` + ``routing.route_token_advantages``;
+   for call_credit, the optional parts of DESIGN section 4 between the call weights and the token
+   routing (:func:`apply_call_extras`; each behind a ``credit.call_credit.*`` switch, off by
+   default): counterfactual calibration of the top-|A| AE calls by replaying them through the
+   session's environment, IG down-weighting, adaptive role weights (kept on the trainer across
+   steps and in checkpoints) and DPO pair export;
 4. write ``advantages``/``returns`` (and verl's optional fields) back, as verl does;
 5. DESIGN section 6 metrics into ``metrics`` (verl's tracker logs them).
 
@@ -17,10 +22,16 @@ GRPO advantages bit-for-bit.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import inspect
+import json
 import logging
+import math
 import os
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+import time
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -38,9 +49,26 @@ from verl.workers.utils.padding import response_to_nested
 
 from verl_credit.annotate.base import AnnotationResult, AnnotationStats
 from verl_credit.call_graph import CallGraph
-from verl_credit.credit.call_credit import fuse_token_advantages
-from verl_credit.credit.call_extras import route_rv_reward_tokens, rv_reward_matrix
+from verl_credit.config import CallCreditConfig, CreditConfig
+from verl_credit.credit.call_credit import ROLES, fuse_token_advantages
+from verl_credit.credit.call_extras import (
+    AdaptiveRoleWeights,
+    CounterfactualResult,
+    EditProposer,
+    ReplayFailure,
+    ReplayRequest,
+    apply_counterfactual_calibration,
+    build_edit_proposer,
+    counterfactual_delta_matrix,
+    downweight_ig_calls,
+    route_rv_reward_tokens,
+    run_replays,
+    rv_reward_matrix,
+    select_counterfactual_calls,
+)
 from verl_credit.credit.tokens import scatter_action_values_to_tokens
+from verl_credit.dpo_export import append_dpo_pairs, build_dpo_pairs
+from verl_credit.envs.base import build_environment, episode_task
 from verl_credit.graph import GraphValidation, InfluenceGraph
 from verl_credit.metrics import compute_credit_metrics
 from verl_credit.routing import BatchCredit, compute_batch_credit, route_token_advantages
@@ -54,15 +82,28 @@ from verl_credit.verl.batch import (
     session_lengths,
     session_spans,
 )
-from verl_credit.verl.settings import CREDIT_TRAINER_MODE, AnnotatorSettings, CreditSettings, load_settings
+from verl_credit.verl.settings import (
+    CREDIT_TRAINER_MODE,
+    AnnotatorSettings,
+    CreditSettings,
+    EnvSettings,
+    load_settings,
+)
 
 __all__ = [
+    "CREDIT_STATE_FILE",
+    "CallExtrasState",
     "CreditStep",
     "CreditTrainerSync",
     "SessionGraphs",
     "SessionInputs",
+    "SessionReplayer",
+    "apply_call_extras",
     "compute_credit_advantages",
+    "load_credit_state",
     "read_sessions",
+    "replay_target",
+    "save_credit_state",
     "session_graphs",
     "token_advantages",
 ]
@@ -71,6 +112,9 @@ logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
 
 Annotate = Callable[[Sequence[Trajectory], AnnotatorSettings], list[AnnotationResult]]
+
+#: the trainer's own state in a checkpoint's ``global_step_N`` folder (next to verl's ``data.pt``)
+CREDIT_STATE_FILE = "credit_state.json"
 
 
 @dataclass
@@ -114,6 +158,9 @@ def compute_credit_advantages(
     token_level_rewards: torch.Tensor,
     settings: CreditSettings,
     annotate: Annotate = annotate_now,
+    call_extras: CallExtrasState | None = None,
+    extra_infos: Sequence[Mapping[str, Any] | None] | None = None,
+    step: int | None = None,
 ) -> CreditStep:
     """Token advantages of a verl batch (rows padded to ``R``).
 
@@ -124,6 +171,11 @@ def compute_credit_advantages(
         token_level_rewards: ``(rows, R)``; a session's score is the sum over its final row.
         settings: the ``credit`` node.
         annotate: synchronous annotator for sessions that arrive without a graph.
+        call_extras: the trainer's state of the optional CALL-CREDIT parts (call_credit only;
+            ``None`` or all switches off: not used).
+        extra_infos: per row, the dataset row's ``extra_info`` (environment and task of the session;
+            needed by replays only).
+        step: the training step (DPO records).
 
     Returns:
         :class:`CreditStep`; ``advantages`` has ``token_level_rewards``' dtype, 0 on padding rows.
@@ -136,9 +188,16 @@ def compute_credit_advantages(
 
     inputs = read_sessions(sessions, keys, extras, rollout_mask, token_level_rewards)
     found = session_graphs(sessions, inputs, settings, annotate)
+    state = call_extras if call_extras is not None and call_extras.applies_to(settings) else None
+    config = state.credit_config(settings.credit) if state is not None else settings.credit
     credit = compute_batch_credit(
-        inputs.scores, [s.uid for s in sessions], inputs.lengths, settings.credit, found.graphs, found.call_graphs
+        inputs.scores, [s.uid for s in sessions], inputs.lengths, config, found.graphs, found.call_graphs
     )
+    extra_metrics: dict[str, float] = {}
+    if state is not None:
+        infos = [dict((extra_infos[s.final_row] if extra_infos is not None else None) or {}) for s in sessions]
+        rewards = [_session_reward(extras[s.final_row], float(inputs.scores[n])) for n, s in enumerate(sessions)]
+        credit, extra_metrics = apply_call_extras(credit, inputs, infos, rewards, settings.env, state, step)
     row_trajectory = torch.tensor([max(s, 0) for s in row_session], dtype=torch.long)
     routed, rv_total = token_advantages(credit, row_trajectory, inputs.spans_per_row, response_length, settings, found)
     real = torch.tensor([s >= 0 for s in row_session], dtype=torch.bool).unsqueeze(-1)
@@ -154,11 +213,338 @@ def compute_credit_advantages(
     )
     if rv_total is not None:
         metrics["credit/rv_reward_per_session"] = rv_total / len(sessions)
+    metrics.update(extra_metrics)
     metrics["credit/annotated_in_trainer"] = float(found.annotated_in_trainer)
     metrics["credit/missing_transcript"] = float(found.missing_transcript)
     metrics["credit/sessions"] = float(len(sessions))
     metrics["credit/rows_per_session"] = float(sum(len(s.rows) for s in sessions)) / len(sessions)
     return CreditStep(advantages, credit, sessions, metrics)
+
+
+# ---------------------------------------------------------------------------------------------
+# Optional CALL-CREDIT parts (DESIGN section 4): counterfactual calibration, IG down-weighting,
+# adaptive role weights, DPO export
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class CallExtrasState:
+    """What the optional CALL-CREDIT parts keep across steps: one per trainer.
+
+    ``adaptive`` is the running omega (``credit.call_credit.adaptive_omega``; the omega a step
+    uses is the one the previous step left); ``proposer`` builds the alternative of a replayed call.
+    """
+
+    config: CallCreditConfig
+    proposer: EditProposer | None = None
+    adaptive: AdaptiveRoleWeights | None = None
+    warned_failures: int = 0
+
+    @classmethod
+    def from_settings(cls, settings: CreditSettings) -> CallExtrasState:
+        """Raises ``ValueError`` naming ``credit.call_credit.counterfactual.proposer`` when it cannot be built."""
+        config = settings.credit.call_credit
+        proposer = None
+        if config.needs_replay:
+            try:
+                proposer = build_edit_proposer(config.counterfactual.proposer)
+            except ValueError as exc:
+                raise ValueError(f"credit.call_credit.counterfactual.proposer: {exc}") from None
+        adaptive = None
+        if config.adaptive_omega.enabled:
+            adaptive = AdaptiveRoleWeights.from_config(config.omega, config.adaptive_omega)
+        if config.extras_enabled and settings.estimator != "call_credit":
+            logger.warning(
+                "credit.call_credit.{counterfactual,ig_downweight,adaptive_omega} apply to the call_credit "
+                "estimator only; algorithm.adv_estimator=%s ignores them",
+                settings.estimator,
+            )
+        return cls(config, proposer, adaptive)
+
+    def applies_to(self, settings: CreditSettings) -> bool:
+        """Whether a step with these settings runs the optional parts (call_credit, a switch on)."""
+        return settings.estimator == "call_credit" and self.config.extras_enabled
+
+    def credit_config(self, config: CreditConfig) -> CreditConfig:
+        """``config`` with the running omega when adaptive_omega is on (else ``config`` itself)."""
+        if self.adaptive is None:
+            return config
+        return replace(config, call_credit=replace(config.call_credit, omega=dict(self.adaptive.omega)))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"adaptive_omega": self.adaptive.state_dict() if self.adaptive is not None else None}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`; a saved omega is ignored when adaptive_omega is now off."""
+        saved = state.get("adaptive_omega")
+        if saved is not None and self.adaptive is not None:
+            self.adaptive.load_state_dict(saved)
+
+
+def replay_target(
+    payload: Mapping[str, Any], extra_info: Mapping[str, Any], env: EnvSettings
+) -> tuple[str, dict[str, Any], Mapping[str, Any]]:
+    """``(environment name, constructor options, task)`` of a session, resolved as ``credit_agent``
+    opened it: the environment it recorded (``extra_fields["credit"]["env"]``), else the row's
+    ``extra_info.env``, else ``credit.env.name``; options ``credit.env.options`` updated by
+    ``extra_info.env_options``; task ``extra_info["task"]`` (the whole ``extra_info`` when it has no
+    ``task`` mapping).
+
+    Raises:
+        ValueError: no environment is known for the session.
+    """
+    name = payload.get("env") or extra_info.get("env") or env.name
+    if not name:
+        raise ValueError("the session names no environment (credit.env.name is null and extra_info has no 'env')")
+    options = {**dict(env.options), **dict(extra_info.get("env_options") or {})}
+    return str(name), options, episode_task(extra_info)
+
+
+class SessionReplayer:
+    """``await replayer(request) -> R(tau')``: a fresh instance of the session's environment is
+    started on its task, replays the trajectory with the request's alternative, and is closed.
+
+    Synchronous ``replay`` methods (the coding sandbox) run in ``executor`` so replays overlap and
+    a replay past its time limit does not block the step (its thread is abandoned).
+    """
+
+    def __init__(
+        self,
+        targets: Sequence[tuple[str, dict[str, Any], Mapping[str, Any]] | Exception],
+        executor: concurrent.futures.Executor,
+    ):
+        self.targets = targets
+        self.executor = executor
+
+    async def __call__(self, request: ReplayRequest) -> float:
+        target = self.targets[request.row]
+        if isinstance(target, Exception):
+            raise target
+        name, options, task = target
+        env = build_environment(name, **options)
+        replay = getattr(env, "replay", None)
+        if not callable(replay):
+            raise TypeError(f"environment {name!r} does not support replay (no replay method)")
+        messages = request.trajectory.messages
+        arguments = request.alternative.arguments
+        try:
+            await env.start(task)
+            if inspect.iscoroutinefunction(replay):
+                value = await replay(messages, request.call_index, arguments)
+            else:
+                loop = asyncio.get_running_loop()
+                value = await loop.run_in_executor(self.executor, replay, messages, request.call_index, arguments)
+                if inspect.isawaitable(value):
+                    value = await value
+        finally:
+            await env.close()
+        return float(value)
+
+
+def apply_call_extras(
+    credit: BatchCredit,
+    inputs: SessionInputs,
+    extra_infos: Sequence[Mapping[str, Any]],
+    rewards: Sequence[float],
+    env: EnvSettings,
+    state: CallExtrasState,
+    step: int | None = None,
+) -> tuple[BatchCredit, dict[str, float]]:
+    """The optional parts of DESIGN section 4 on a call_credit batch, in order:
+
+    1. replays: the ``counterfactual.budget`` AE calls and the ``ig_downweight.budget`` IG calls
+       with the largest ``|A_i|`` (calls with a tool call, in sessions with a transcript) are
+       replayed with the proposer's alternative: ``Delta = R(tau) - R(tau')``;
+    2. counterfactual calibration of the replayed AE calls (eq. 15, sign of A, mass restored);
+    3. IG down-weighting of replayed IG calls with ``Delta < theta_ig`` (eq. 17, mass restored);
+    4. adaptive omega update (eq. 16) from this step's ``|A_i|`` and Deltas (used by the next step);
+    5. DPO pairs of the AE replays appended to ``dpo_export.path``.
+
+    Args:
+        credit: the batch's call credit (B sessions, T calls).
+        inputs: the sessions' transcripts (``inputs.trajectories``).
+        extra_infos, rewards: per session, the dataset row's ``extra_info`` and ``R(tau)``.
+        env: ``credit.env`` (environment of sessions whose row names none).
+        state: the trainer's :class:`CallExtrasState`.
+        step: training step written into DPO records.
+
+    Returns:
+        The credit with the new ``weight``/``action_advantage`` (the same object when no weight
+        changed) and the metrics of the step. Replay failures are counted, never raised.
+    """
+    config = state.config
+    metrics: dict[str, float] = {}
+    shape = (int(credit.weight.shape[0]), int(credit.weight.shape[1]))
+    delta = torch.zeros(shape, dtype=torch.float64)
+    has_delta = torch.zeros(shape, dtype=torch.float64)
+    results: list[CounterfactualResult] = []
+    if config.needs_replay and state.proposer is not None:
+        started = time.perf_counter()
+        requests, failures, selected = _replay_requests(credit, inputs, rewards, config, state.proposer)
+        if requests:
+            results, failed = _run_replays(requests, inputs, extra_infos, env, config)
+            failures += failed
+        delta, has_delta = counterfactual_delta_matrix(results, shape)
+        _log_failures(failures, state)
+        metrics["credit/counterfactual_failures"] = float(len(failures))
+        metrics["credit/counterfactual_selected"] = float(selected)
+        metrics["credit/counterfactual_seconds"] = time.perf_counter() - started
+
+    is_ae, is_ig = credit.extras["AE"], credit.extras["IG"]
+    ae_results = [r for r in results if is_ae[r.row, r.call_index] > 0]
+    ig_results = [r for r in results if is_ig[r.row, r.call_index] > 0]
+    weight = credit.weight
+    if config.counterfactual.enabled:
+        metrics["credit/counterfactual_calls"] = float(len(ae_results))
+        if ae_results:
+            metrics["credit/counterfactual_delta_mean"] = sum(r.delta for r in ae_results) / len(ae_results)
+            weight = apply_counterfactual_calibration(
+                weight,
+                credit.lengths,
+                delta,
+                has_delta * is_ae,
+                config.counterfactual.eta,
+                config.counterfactual.factor_floor,
+                advantage=credit.trajectory_advantage,
+            )
+    if config.ig_downweight.enabled:
+        cfg_ig = config.ig_downweight
+        metrics["credit/ig_replays"] = float(len(ig_results))
+        metrics["credit/ig_downweighted"] = float(sum(r.delta < cfg_ig.theta_ig for r in ig_results))
+        if ig_results:
+            metrics["credit/ig_delta_mean"] = sum(r.delta for r in ig_results) / len(ig_results)
+            weight = downweight_ig_calls(
+                weight, credit.lengths, is_ig, delta, has_delta, cfg_ig.theta_ig, cfg_ig.factor
+            )
+    if weight is not credit.weight:
+        advantage = credit.trajectory_advantage.unsqueeze(-1).to(torch.float64) * weight
+        credit = replace(credit, weight=weight, action_advantage=advantage.to(credit.action_advantage.dtype))
+
+    if state.adaptive is not None:
+        measured = (delta, has_delta) if results else (None, None)
+        masks = {role: credit.extras[role] for role in ROLES}
+        metrics.update(state.adaptive.update(credit.action_advantage, masks, *measured))
+
+    if config.dpo_export.path is not None:
+        pairs = build_dpo_pairs(inputs.trajectories, ae_results, config.dpo_export.theta_ae, step=step)
+        metrics["credit/dpo_pairs"] = float(append_dpo_pairs(config.dpo_export.path, pairs))
+    return credit, metrics
+
+
+def _replay_requests(
+    credit: BatchCredit,
+    inputs: SessionInputs,
+    rewards: Sequence[float],
+    config: CallCreditConfig,
+    proposer: EditProposer,
+) -> tuple[list[ReplayRequest], list[ReplayFailure], int]:
+    """The step's replays: top-|A_i| AE calls (counterfactual) and IG calls (ig_downweight) among
+    calls that made a tool call. Returns the requests, the proposer's failures and the number selected."""
+    replayable = torch.zeros(credit.weight.shape, dtype=torch.float64)
+    for row, trajectory in enumerate(inputs.trajectories):
+        if trajectory is None:
+            continue
+        for index, action in enumerate(trajectory.actions[: replayable.shape[1]]):
+            if action.tool_calls:
+                replayable[row, index] = 1.0
+    selected: list[tuple[int, int]] = []
+    if config.counterfactual.enabled:
+        is_ae = credit.extras["AE"] * replayable
+        selected += select_counterfactual_calls(credit.action_advantage, is_ae, config.counterfactual.budget)
+    if config.ig_downweight.enabled:
+        is_ig = credit.extras["IG"] * replayable
+        selected += select_counterfactual_calls(credit.action_advantage, is_ig, config.ig_downweight.budget)
+    requests, failures = [], []
+    for row, call_index in selected:
+        trajectory = inputs.trajectories[row]
+        if trajectory is None:  # never selected: such rows are not replayable
+            continue
+        try:
+            alternative = proposer.propose(trajectory, call_index)
+        except Exception as exc:  # counted like a failed replay
+            failures.append(ReplayFailure(row, call_index, f"proposer: {type(exc).__name__}: {exc}"))
+            continue
+        if alternative is not None:
+            requests.append(ReplayRequest(row, call_index, trajectory, alternative, float(rewards[row])))
+    return requests, failures, len(selected)
+
+
+def _run_replays(
+    requests: list[ReplayRequest],
+    inputs: SessionInputs,
+    extra_infos: Sequence[Mapping[str, Any]],
+    env: EnvSettings,
+    config: CallCreditConfig,
+) -> tuple[list[CounterfactualResult], list[ReplayFailure]]:
+    """Run the replays in their sessions' environments (concurrently, each time-limited)."""
+    targets: list[tuple[str, dict[str, Any], Mapping[str, Any]] | Exception] = []
+    for payload, info in zip(inputs.payloads, extra_infos, strict=True):
+        try:
+            targets.append(replay_target(payload, info, env))
+        except ValueError as exc:
+            targets.append(exc)
+    cfg = config.counterfactual
+    executor = concurrent.futures.ThreadPoolExecutor(max_workers=cfg.concurrency, thread_name_prefix="credit-replay")
+    try:
+        replayer = SessionReplayer(targets, executor)
+        return _run_coroutine(lambda: run_replays(requests, replayer, cfg.concurrency, cfg.timeout))
+    finally:
+        executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _run_coroutine(make: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
+    """Run a coroutine to completion from synchronous code, also when an event loop is running."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(make())
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(lambda: asyncio.run(make())).result()
+
+
+def _log_failures(failures: list[ReplayFailure], state: CallExtrasState) -> None:
+    """Warn about the first few replay failures of the run (all are counted in the metrics)."""
+    for failure in failures:
+        if state.warned_failures >= 5:
+            return
+        state.warned_failures += 1
+        logger.warning(
+            "credit: replay of session %d call %d failed (%s); counted in credit/counterfactual_failures",
+            failure.row,
+            failure.call_index,
+            failure.error,
+        )
+
+
+def _session_reward(extra: Any, score: float) -> float:
+    """``R(tau)`` for Delta: the environment's reward the agent loop recorded
+    (``reward_extra_info.env_reward``), else the session's score."""
+    info = extra.get("reward_extra_info") if isinstance(extra, Mapping) else None
+    value = info.get("env_reward") if isinstance(info, Mapping) else None
+    if isinstance(value, int | float) and math.isfinite(float(value)):
+        return float(value)
+    return score
+
+
+def save_credit_state(folder: str, state: CallExtrasState) -> str:
+    """Write the trainer's credit state into a checkpoint folder; returns the file path."""
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, CREDIT_STATE_FILE)
+    temporary = path + ".tmp"
+    with open(temporary, "w", encoding="utf-8") as handle:
+        json.dump(state.state_dict(), handle, indent=1, sort_keys=True)
+    os.replace(temporary, path)
+    return path
+
+
+def load_credit_state(folder: str, state: CallExtrasState) -> bool:
+    """Restore the state saved by :func:`save_credit_state`; False (state unchanged) when absent."""
+    path = os.path.join(folder, CREDIT_STATE_FILE)
+    if not os.path.exists(path):
+        return False
+    with open(path, encoding="utf-8") as handle:
+        state.load_state_dict(json.load(handle))
+    return True
 
 
 def read_sessions(
@@ -320,14 +706,49 @@ class CreditTrainerSync(PPOTrainerSync):
             # The mode string also selects the replay buffer, refill and checkpoint behaviour
             # (VERL_NOTES section 1): keep verl's "sync" semantics.
             config.trainer.v1.trainer_mode = "sync"
+        call_extras = CallExtrasState.from_settings(settings)  # a bad proposer fails before workers start
         super().__init__(config)
         self._credit_settings: CreditSettings | None = settings
+        self._call_extras: CallExtrasState | None = call_extras
 
     @property
     def credit_settings(self) -> CreditSettings:
         if getattr(self, "_credit_settings", None) is None:
             self._credit_settings = load_settings(self.config)
         return self._credit_settings  # type: ignore[return-value]
+
+    @property
+    def call_extras(self) -> CallExtrasState:
+        """State of the optional CALL-CREDIT parts, kept across steps (and in checkpoints)."""
+        if getattr(self, "_call_extras", None) is None:
+            self._call_extras = CallExtrasState.from_settings(self.credit_settings)
+        return self._call_extras  # type: ignore[return-value]
+
+    def _save_checkpoint(self):
+        """verl's checkpoint plus ``credit_state.json`` (the adaptive omega), written first so a
+        checkpoint verl marks as latest always has it."""
+        folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+        save_credit_state(folder, self.call_extras)
+        return super()._save_checkpoint()
+
+    def _load_checkpoint(self):
+        """verl's resume, then the credit state of the same ``global_step_N`` folder (if any)."""
+        result = super()._load_checkpoint()
+        folder = self._resumed_folder()
+        if folder is not None and not load_credit_state(folder, self.call_extras):
+            logger.warning("credit: %s has no %s; the credit state starts fresh", folder, CREDIT_STATE_FILE)
+        return result
+
+    def _resumed_folder(self) -> str | None:
+        """The ``global_step_N`` folder verl's ``_load_checkpoint`` resumed from (None: from scratch)."""
+        trainer = self.config.trainer
+        if not getattr(self, "global_steps", 0) or trainer.resume_mode == "disable":
+            return None
+        if trainer.resume_mode == "resume_path":
+            folder = str(trainer.resume_from_path)
+        else:
+            folder = os.path.join(str(trainer.default_local_dir), f"global_step_{self.global_steps}")
+        return folder if os.path.isabs(folder) else os.path.join(os.getcwd(), folder)
 
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         """verl's advantage step with the credit core in place of the estimator call."""
@@ -358,7 +779,9 @@ class CreditTrainerSync(PPOTrainerSync):
             data, is_metrics = compute_rollout_correction_and_add_to_batch(data, rollout_corr_config)
             metrics.update(is_metrics)
 
-        # 3: credit
+        # 3: credit (for call_credit with replays on, also the rows' extra_info: environment and task)
+        settings = self.credit_settings
+        replaying = settings.estimator == "call_credit" and settings.credit.call_credit.needs_replay
         step = compute_credit_advantages(
             batch.keys,
             batch.tags,
@@ -367,7 +790,10 @@ class CreditTrainerSync(PPOTrainerSync):
             rollout_mask,
             data.batch["response_mask"],
             data.batch["token_level_rewards"],
-            self.credit_settings,
+            settings,
+            call_extras=self.call_extras,
+            extra_infos=_fetch_extra_infos(batch) if replaying else None,
+            step=getattr(self, "global_steps", None),
         )
         data.batch["advantages"] = step.advantages
         data.batch["returns"] = step.advantages
@@ -385,3 +811,14 @@ class CreditTrainerSync(PPOTrainerSync):
             {name: response_to_nested(data.batch[name], response_mask) for name in out_fields}, batch_size=len(batch)
         )
         return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=output)
+
+
+def _fetch_extra_infos(batch: KVBatchMeta) -> list[Mapping[str, Any] | None]:
+    """Each row's ``extra_info`` (verl stores the dataset row's fields with every output); rows
+    without one get ``None`` (their replays fail, counted)."""
+    fetched = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_info"])
+    values = fetched.get("extra_info", None) if "extra_info" in fetched.keys() else None
+    if values is None:
+        logger.warning("credit: the batch has no extra_info field; replays cannot find their tasks")
+        return [None] * len(batch.keys)
+    return [value if isinstance(value, Mapping) else None for value in values.tolist()]
