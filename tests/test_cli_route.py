@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -121,3 +122,14 @@ def test_malformed_graph_is_repaired_and_counted_not_raised(tmp_path: Path, caps
 def test_missing_file(tmp_path: Path, capsys) -> None:
     assert main(["route", "--input", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "o.jsonl")]) == 2
     assert "cannot open" in capsys.readouterr().err
+
+
+def test_route_reuses_the_annotation_cache(tmp_path: Path, capsys) -> None:
+    cache = tmp_path / "graphs.sqlite"
+    args = ["route", "--input", str(EXAMPLE), "--out", str(tmp_path / "o.jsonl"), "--cache", str(cache)]
+    assert main(args) == 0
+    # t5's transcript is identical to t2's: it hits the cache within the first run (1 of 6 lines)
+    assert re.search(rf"cache hit rate\s+{1 / 6:.4f}", capsys.readouterr().out)
+    assert main(args) == 0
+    # 5 of the 6 lines are annotated (t4 carries its own graph); the second run hits the cache for all 5
+    assert re.search(rf"cache hit rate\s+{5 / 6:.4f}", capsys.readouterr().out)

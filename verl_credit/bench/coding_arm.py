@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import json
 import math
-import multiprocessing
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -57,6 +56,7 @@ import numpy as np
 import torch
 
 from verl_credit.annotate.roles import build_call_graph
+from verl_credit.bench.parallel import map_jobs
 from verl_credit.call_graph import CallGraph
 from verl_credit.config import CreditConfig
 from verl_credit.credit.call_credit import compute_reward_hacking_rate
@@ -519,19 +519,7 @@ def run_coding_benchmark(
 ) -> list[CodingRunResult]:
     """Every (arm, seed) run, in ``config.workers`` processes."""
     jobs = [(arm, seed, config, jail) for seed in range(config.seeds) for arm in config.arms]
-    results: list[CodingRunResult] = []
-    if config.workers <= 1:
-        for job in jobs:
-            results.append(_run_job(job))
-            if progress is not None:
-                progress(results[-1])
-        return results
-    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
-    with context.Pool(config.workers) as pool:
-        for result in pool.imap_unordered(_run_job, jobs):
-            results.append(result)
-            if progress is not None:
-                progress(result)
+    results = map_jobs(_run_job, jobs, config.workers, progress)
     return sorted(results, key=lambda r: (r.arm, r.seed))
 
 

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 import math
-import multiprocessing
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -47,6 +46,7 @@ import numpy as np
 import torch
 
 from verl_credit.annotate.base import Annotator, build_annotator
+from verl_credit.bench.parallel import map_jobs
 from verl_credit.call_graph import CallGraph
 from verl_credit.config import CreditConfig
 from verl_credit.credit.grpo import compute_grpo_trajectory_advantage
@@ -350,20 +350,7 @@ def _run_job(job: tuple[str, str, int, LearningConfig]) -> RunResult:
 def run_benchmark(config: LearningConfig, progress: Callable[[RunResult], Any] | None = None) -> list[RunResult]:
     """Every (variant, arm, seed) run, in a pool of ``config.workers`` processes."""
     jobs = [(v, a, s, config) for v in config.variants for s in range(config.seeds) for a in config.arms]
-    results: list[RunResult] = []
-    if config.workers <= 1:
-        for job in jobs:
-            results.append(_run_job(job))
-            if progress is not None:
-                progress(results[-1])
-        return results
-    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
-    with context.Pool(config.workers) as pool:
-        for result in pool.imap_unordered(_run_job, jobs):
-            results.append(result)
-            if progress is not None:
-                progress(result)
-    return results
+    return map_jobs(_run_job, jobs, config.workers, progress)
 
 
 # ----------------------------------------------------------------------------------------------

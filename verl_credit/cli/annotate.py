@@ -27,6 +27,12 @@ def add_parser(subparsers: Any) -> None:
     )
     parser.add_argument("--input", required=True, help="rollouts JSONL (DESIGN.md section 8)")
     parser.add_argument("--out", required=True, help="graphs JSONL to write")
+    add_annotator_arguments(parser)
+    parser.set_defaults(run=run)
+
+
+def add_annotator_arguments(parser: argparse.ArgumentParser) -> None:
+    """The annotator flags shared by ``annotate`` and ``route`` (read by :func:`build_cli_annotator`)."""
     parser.add_argument("--annotator", default="rules", help="rules | llm | hybrid")
     parser.add_argument(
         "--base-url",
@@ -42,7 +48,6 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument(
         "--fallback", choices=("rules", "uniform"), default=None, help="graph used when the LLM fails (default rules)"
     )
-    parser.set_defaults(run=run)
 
 
 def build_cli_annotator(args: argparse.Namespace) -> Annotator:

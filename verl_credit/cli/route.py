@@ -8,6 +8,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from verl_credit.cli.annotate import add_annotator_arguments, build_cli_annotator
 from verl_credit.config import ESTIMATORS, CallCreditConfig, CreditConfig, IAPOConfig
 from verl_credit.credit.call_credit import CALL_CREDIT_MODES
 from verl_credit.credit.iapo import NEG_ROUTES
@@ -34,10 +35,7 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--neg-route", choices=NEG_ROUTES, default=_IAPO.neg_route)
     parser.add_argument("--beta-minus", type=float, default=_IAPO.beta_minus)
     parser.add_argument("--no-norm-by-std", action="store_true", help="Dr.GRPO: do not divide by the group std")
-    parser.add_argument("--annotator", default="rules", help="rules | llm | hybrid (for lines without a graph)")
-    parser.add_argument("--base-url", action="append", default=None, help="LLM annotator endpoint (repeatable)")
-    parser.add_argument("--model", default=None, help="LLM annotator model name")
-    parser.add_argument("--cache", default=None, help="sqlite annotation cache path")
+    add_annotator_arguments(parser)  # used for lines without a graph
     parser.add_argument("--call-mode", choices=CALL_CREDIT_MODES, default=_CALL.mode)
     parser.add_argument("--smoothing", type=float, default=_CALL.smoothing, help="call_credit lambda")
     parser.add_argument("--gamma", type=float, default=_CALL.gamma, help="call_credit discount")
@@ -55,17 +53,6 @@ def build_config(args: argparse.Namespace) -> CreditConfig:
     )
 
 
-def annotator_options(args: argparse.Namespace) -> dict[str, Any]:
-    options: dict[str, Any] = {}
-    if args.base_url:
-        options["base_urls"] = args.base_url
-    if args.model:
-        options["model"] = args.model
-    if args.cache:
-        options["cache_path"] = args.cache
-    return options
-
-
 def run(args: argparse.Namespace) -> int:
     config = build_config(args)
     total = count_lines(args.input)
@@ -79,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
     with tqdm(
         total=len(trajectories), desc=f"route:{config.estimator}", unit="traj", file=sys.stderr, disable=None
     ) as bar:
-        routed = route_trajectories(trajectories, config, args.annotator, annotator_options(args), progress=bar.update)
+        annotator = build_cli_annotator(args) if config.estimator == "iapo" else "rules"
+        routed = route_trajectories(trajectories, config, annotator, progress=bar.update)
     records = credit_records(trajectories, routed.credit, routed.annotations, routed.call_graphs)
     write_jsonl(args.out, records)
     metrics = compute_credit_metrics(
