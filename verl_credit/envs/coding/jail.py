@@ -62,18 +62,33 @@ __all__ = [
 JAIL_MODES = ("auto", "namespace", "fallback")
 _SETUP_FAILED = "verl-credit-jail: setup failed:"
 
-# $1 root  $2 command  $3 file-size limit (KiB)  $4 address-space limit (KiB)  $5.. paths to hide
+# $1 root  $2 command  $3 file-size limit (KiB)  $4 address-space limit (KiB)
+# $5 ':'-separated directories under /tmp to keep visible read-only (the Python installation)
+# $6.. paths to hide
 _NAMESPACE_SCRIPT = r"""
 set -u
 fail() { echo "verl-credit-jail: setup failed: $*" >&2; exit 125; }
-ROOT="$1"; CMD="$2"; FSIZE="$3"; VMEM="$4"; shift 4
+ROOT="$1"; CMD="$2"; FSIZE="$3"; VMEM="$4"; KEEP="$5"; shift 5
 exec 3<"$ROOT" || fail "cannot open $ROOT"
+KEEP_FDS=()
+IFS=':' read -r -a KEEP_DIRS <<< "$KEEP"
+for keep in "${KEEP_DIRS[@]}"; do
+  exec {fd}<"$keep" || fail "cannot open $keep"
+  KEEP_FDS+=("$fd")
+done
 mount --make-rprivate / || fail "make-rprivate"
 while read -r _ _ _ _ mp _; do
   printf -v mp "%b" "$mp"
   mount -o remount,bind,ro "$mp" 2>/dev/null || fail "cannot make $mp read-only"
 done < /proc/self/mountinfo
 mount -t tmpfs -o size=256m,mode=1777 tmpfs /tmp || fail "private /tmp"
+for i in "${!KEEP_DIRS[@]}"; do
+  keep="${KEEP_DIRS[$i]}"; fd="${KEEP_FDS[$i]}"
+  mkdir -p "$keep" || fail "mkdir $keep"
+  mount --no-canonicalize --bind "/proc/self/fd/$fd" "$keep" || fail "bind $keep"
+  mount -o remount,bind,ro "$keep" || fail "make $keep read-only"
+  exec {fd}<&-
+done
 mkdir -p "$ROOT" || fail "mkdir $ROOT"
 mount --no-canonicalize --bind /proc/self/fd/3 "$ROOT" || fail "bind $ROOT"
 mount -o remount,bind,rw "$ROOT" || fail "make $ROOT writable"
@@ -150,6 +165,23 @@ def scrubbed_environment(home: Path, tmpdir: Path | str, extra: Mapping[str, str
 
 
 @functools.lru_cache(maxsize=1)
+def python_dirs_under_tmp() -> tuple[str, ...]:
+    """Directories of this Python installation (venv and base prefix) that lie under ``/tmp``.
+
+    The jail mounts a private tmpfs on ``/tmp``; these are bound back read-only so that the
+    sandbox's ``python``/``pytest`` still exist when the project (and its venv) lives in ``/tmp``.
+    """
+    dirs = {
+        os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable)))
+    }
+    under_tmp = sorted(d for d in dirs if d == "/tmp" or d.startswith("/tmp/"))
+    if "/tmp" in under_tmp or any(":" in d for d in under_tmp):
+        raise JailSetupError(f"cannot keep the Python installation visible in the jail: {under_tmp}")
+    # a directory inside another kept one is covered by it
+    return tuple(d for d in under_tmp if not any(d != o and d.startswith(o + "/") for o in under_tmp))
+
+
+@functools.lru_cache(maxsize=1)
 def namespace_jail_available() -> bool:
     """True when the full namespace jail can be set up here (probed once per process)."""
     if shutil.which("unshare") is None or shutil.which("setpriv") is None:
@@ -170,6 +202,7 @@ def namespace_jail_available() -> bool:
                     f"touch inside && ! mkdir {outside} 2>/dev/null",
                     "65536",
                     "4194304",
+                    ":".join(python_dirs_under_tmp()),
                 ],
                 capture_output=True,
                 timeout=20,
@@ -270,6 +303,7 @@ def run_jailed(
             command,
             fsize_kib,
             vmem_kib,
+            ":".join(python_dirs_under_tmp()),
             *hidden,
         ]
         env = scrubbed_environment(real_root, "/tmp", env_extra)
