@@ -278,7 +278,7 @@ class CreditConfig:
         """
         merged: dict[str, Any] = {k: v for k, v in dict(values or {}).items() if k not in ignore}
         merged.update(overrides)
-        iapo = _build(IAPOConfig, merged.pop("iapo", None) or {}, "credit.iapo")
+        iapo = build_section(IAPOConfig, merged.pop("iapo", None) or {}, "credit.iapo")
         call_credit_values = dict(merged.pop("call_credit", None) or {})
         if "omega" in call_credit_values:
             call_credit_values["omega"] = dict(call_credit_values["omega"])
@@ -288,8 +288,8 @@ class CreditConfig:
                 if not isinstance(part, kind):
                     if part is not None and not isinstance(part, Mapping):
                         raise ValueError(f"credit.call_credit.{name} must be a mapping, got {part!r}")
-                    call_credit_values[name] = _build(kind, part or {}, f"credit.call_credit.{name}")
-        call_credit = _build(CallCreditConfig, call_credit_values, "credit.call_credit")
+                    call_credit_values[name] = build_section(kind, part or {}, f"credit.call_credit.{name}")
+        call_credit = build_section(CallCreditConfig, call_credit_values, "credit.call_credit")
         top = {f.name for f in fields(cls)} - {"iapo", "call_credit"}
         unknown = sorted(set(merged) - top)
         if unknown:
@@ -307,7 +307,8 @@ def _check_count(value: Any, key: str) -> None:
         raise ValueError(f"{key} must be an integer, got {value!r}")
 
 
-def _build(kind: type, values: Mapping[str, Any], prefix: str) -> Any:
+def build_section(kind: type, values: Mapping[str, Any], prefix: str) -> Any:
+    """``kind(**values)`` for a config dataclass; unknown keys raise ``ValueError`` naming ``prefix.key``."""
     names = {f.name for f in fields(kind)}
     unknown = sorted(set(values) - names)
     if unknown:

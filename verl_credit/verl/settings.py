@@ -20,10 +20,10 @@ Every bad value raises ``ValueError`` whose message starts with the full key (``
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
-from verl_credit.config import CreditConfig
+from verl_credit.config import CreditConfig, build_section
 
 __all__ = [
     "CREDIT_ESTIMATORS",
@@ -211,9 +211,9 @@ def load_settings(config: Any) -> CreditSettings:
     return CreditSettings(
         credit=credit,
         layout=str(values.get("layout", "merged")),
-        annotator=_build(AnnotatorSettings, annotator_values, "credit.annotator"),
-        user=_build(UserSettings, user_values, "credit.user"),
-        env=_build(EnvSettings, env_values, "credit.env"),
+        annotator=build_section(AnnotatorSettings, annotator_values, "credit.annotator"),
+        user=build_section(UserSettings, user_values, "credit.user"),
+        env=build_section(EnvSettings, env_values, "credit.env"),
     )
 
 
@@ -245,14 +245,6 @@ def _to_plain(node: Any) -> Any:
     if isinstance(node, DictConfig | ListConfig):
         return OmegaConf.to_container(node, resolve=True)
     return node
-
-
-def _build(kind: type, values: Mapping[str, Any], prefix: str) -> Any:
-    names = {f.name for f in fields(kind)}
-    unknown = sorted(set(values) - names)
-    if unknown:
-        raise ValueError(f"unknown key(s) {', '.join(f'{prefix}.{k}' for k in unknown)}; known: {sorted(names)}")
-    return kind(**dict(values))
 
 
 def _require(ok: bool, key: str, message: str, value: Any) -> None:
