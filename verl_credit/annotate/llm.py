@@ -28,7 +28,6 @@ network or content failure.
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import functools
 import itertools
 import json
@@ -36,7 +35,6 @@ import os
 import random
 import re
 import ssl
-import time
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +46,7 @@ from verl_credit.annotate.base import AnnotationResult, Annotator, build_annotat
 from verl_credit.annotate.cache import GraphCache, annotate_with_cache, annotator_identity
 from verl_credit.annotate.prompt import PROMPT_VERSION, build_annotation_messages
 from verl_credit.graph import GraphValidation, InfluenceGraph, graph_json_schema, validate_graph
+from verl_credit.openai_chat import parse_retry_after
 from verl_credit.trajectory import Trajectory
 
 __all__ = [
@@ -131,24 +130,6 @@ def chat_completions_url(base_url: str) -> str:
     if url.endswith("/v1"):
         return f"{url}/chat/completions"
     return f"{url}/v1/chat/completions"
-
-
-def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
-    """Seconds to wait from a ``Retry-After`` header: delta-seconds or an HTTP date; else ``None``."""
-    if value is None or not value.strip():
-        return None
-    text = value.strip()
-    try:
-        return max(0.0, float(text))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(text)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when is None:
-        return None
-    return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
 def strip_reasoning(content: str) -> str:

@@ -1223,8 +1223,11 @@ class OpenAIRoleClassifier:
     """:class:`RoleClassifier` over an OpenAI-compatible chat-completions endpoint (e.g. vLLM).
 
     Off by default (``build_call_graph`` uses it only when passed). Temperature 0, JSON-schema
-    constrained output; any transport / HTTP / parse failure returns ``None`` (the position prior
-    then decides) and is counted in :attr:`failures`. ``transport`` lets tests answer in-process.
+    constrained output. Transport errors, timeouts and 408/429/5xx answers are retried ``max_retries``
+    times with backoff (:func:`verl_credit.openai_chat.post_chat_completion_sync`); an answer that is not
+    ``{"role": <IG|AE|RV>}`` is not retried (temperature 0 repeats it). Any failure returns ``None``
+    (the position prior then decides), is counted in :attr:`failures` and described in
+    :attr:`last_error`. ``transport`` lets tests answer in-process.
     """
 
     def __init__(
@@ -1236,18 +1239,20 @@ class OpenAIRoleClassifier:
         max_retries: int = 2,
         transport: Any = None,
         context_chars: int = 2000,
+        backoff_s: float = 0.5,
     ) -> None:
         import httpx
 
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.url = base_url.rstrip("/") + "/chat/completions"
         self.model = model
         self.max_retries = max_retries
+        self.backoff_s = backoff_s
         self.context_chars = context_chars
         self.failures = 0
         self.calls = 0
-        self._client = httpx.Client(
-            base_url=base_url.rstrip("/"), timeout=timeout, headers=headers, transport=transport
-        )
+        self.last_error: str | None = None
+        self._client = httpx.Client(timeout=timeout, headers=headers, transport=transport)
 
     def _request(self, call: CallDescription) -> dict[str, Any]:
         lines = [f"Call #{call.index}."]
@@ -1271,21 +1276,22 @@ class OpenAIRoleClassifier:
         }
 
     def classify(self, call: CallDescription) -> str | None:
-        import httpx
+        from verl_credit.openai_chat import ChatCompletionError, message_content, post_chat_completion_sync
 
         self.calls += 1
-        body = self._request(call)
-        for _attempt in range(self.max_retries + 1):
-            try:
-                response = self._client.post("/chat/completions", json=body)
-                response.raise_for_status()
-                text = response.json()["choices"][0]["message"]["content"]
-                role = json.loads(text)["role"]
-                if role in ALL_ROLES:
-                    return role
-                break  # a well-formed but invalid answer: retrying at temperature 0 repeats it
-            except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError):
-                continue
+        try:
+            response = post_chat_completion_sync(
+                self._client, self.url, self._request(call), max_retries=self.max_retries, backoff_s=self.backoff_s
+            )
+            role = json.loads(message_content(response))["role"]
+        except ChatCompletionError as error:
+            self.last_error = str(error) if str(error).startswith(self.url) else f"{self.url} {error}"
+        except (KeyError, TypeError, ValueError) as error:  # not {"role": ...}: retrying at temperature 0 repeats it
+            self.last_error = f"{self.url} answered no role: {type(error).__name__}: {error}"
+        else:
+            if role in ALL_ROLES:
+                return role
+            self.last_error = f"{self.url} answered role {role!r}, not one of {list(ALL_ROLES)}"
         self.failures += 1
         return None
 

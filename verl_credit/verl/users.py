@@ -14,7 +14,6 @@ the next user turn:
 
 from __future__ import annotations
 
-import asyncio
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -23,6 +22,7 @@ from typing import Any
 import httpx
 
 from verl_credit.envs.base import Environment, UserTurn
+from verl_credit.openai_chat import ChatCompletionError, message_content, post_chat_completion
 from verl_credit.verl.settings import UserSettings
 
 __all__ = [
@@ -114,9 +114,10 @@ class LLMUser(SimulatedUser):
 
     Request: ``POST {base_url}/chat/completions`` with ``[system: instructions] + flip_roles(transcript)``.
     The reply ends the episode (``done=True``) when it contains ``stop_token``; the token is
-    stripped from the content (a closing line before it is kept). Transport errors and 5xx/429
-    answers are retried ``max_retries`` times with exponential backoff, then
-    :class:`UserSimulatorError` is raised (verl marks that prompt group failed).
+    stripped from the content (a closing line before it is kept). Transport errors, timeouts and
+    408/429/5xx answers are retried ``max_retries`` times with exponential backoff
+    (:func:`verl_credit.openai_chat.post_chat_completion`), then :class:`UserSimulatorError`
+    naming the URL is raised (verl marks that prompt group failed).
     """
 
     def __init__(
@@ -154,34 +155,20 @@ class LLMUser(SimulatedUser):
         }
 
     async def reply(self, messages: list[dict[str, Any]]) -> UserTurn:
-        body = self.request_body(messages)
-        last_error = ""
-        for attempt in range(self.max_retries + 1):
-            if attempt:
-                await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
-            try:
-                response = await self.client.post(self.url, json=body)
-            except httpx.HTTPError as exc:
-                last_error = f"{type(exc).__name__}: {exc}"
-                continue
-            if response.status_code == 429 or response.status_code >= 500:
-                last_error = f"HTTP {response.status_code}"
-                continue
-            if response.status_code != 200:
-                raise UserSimulatorError(
-                    f"user LLM at {self.url} answered HTTP {response.status_code}: {response.text[:200]}"
-                )
-            return self._parse(response)
-        raise UserSimulatorError(f"user LLM at {self.url} failed after {self.max_retries + 1} attempts ({last_error})")
-
-    def _parse(self, response: httpx.Response) -> UserTurn:
         try:
-            content = response.json()["choices"][0]["message"]["content"]
-        except (ValueError, KeyError, IndexError, TypeError) as exc:
-            raise UserSimulatorError(
-                f"user LLM at {self.url} returned no message content: {response.text[:200]}"
-            ) from exc
-        text = str(content or "")
+            response = await post_chat_completion(
+                self.client,
+                self.url,
+                self.request_body(messages),
+                max_retries=self.max_retries,
+                backoff_s=self.backoff_s,
+            )
+        except ChatCompletionError as exc:
+            raise UserSimulatorError(f"user LLM at {exc}") from exc
+        try:
+            text = message_content(response)
+        except ChatCompletionError as exc:
+            raise UserSimulatorError(f"user LLM at {self.url} returned no message content: {exc}") from exc
         if self.stop_token in text:
             closing = text.replace(self.stop_token, "").strip()
             return UserTurn(content=closing or None, done=True)

@@ -11,7 +11,6 @@ to the policy as an error result without touching the environment, as verl's too
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from typing import Any
 import httpx
 
 from verl_credit.envs.base import Environment
+from verl_credit.openai_chat import ChatCompletionError, first_message, post_chat_completion
 
 __all__ = ["EpisodeResult", "PolicyClient", "PolicyConfig", "run_episode"]
 
@@ -49,7 +49,8 @@ class PolicyConfig:
 
 
 class PolicyClient:
-    """Chat completions with tools against the policy endpoint (retries on connection errors, 429, 5xx)."""
+    """Chat completions with tools against the policy endpoint (retries on connection errors, timeouts, 408,
+    429, 5xx; :func:`verl_credit.openai_chat.post_chat_completion`); failures raise ``RuntimeError`` naming the URL."""
 
     def __init__(self, config: PolicyConfig, client: httpx.AsyncClient) -> None:
         self.config = config
@@ -72,32 +73,23 @@ class PolicyClient:
             body["tool_choice"] = "auto"
         if seed is not None:
             body["seed"] = seed
-        last_error = ""
-        for attempt in range(self.config.max_retries + 1):
-            if attempt:
-                await asyncio.sleep(min(0.5 * 2 ** (attempt - 1), 8.0))
-            try:
-                response = await self._client.post(
-                    self._url,
-                    json=body,
-                    headers={"Authorization": f"Bearer {self.config.api_key}"},
-                    timeout=self.config.timeout_s,
-                )
-            except httpx.TransportError as error:
-                last_error = f"{type(error).__name__}: {error}"
-                continue
-            if response.status_code == 429 or response.status_code >= 500:
-                last_error = f"HTTP {response.status_code}"
-                continue
-            if response.status_code != 200:
-                raise RuntimeError(f"policy {self._url} answered HTTP {response.status_code}: {response.text[:300]}")
-            try:
-                return dict(response.json()["choices"][0]["message"])
-            except (ValueError, KeyError, IndexError, TypeError):
-                raise RuntimeError(
-                    f"policy {self._url} reply has no choices[0].message: {response.text[:300]}"
-                ) from None
-        raise RuntimeError(f"policy {self._url} failed after {self.config.max_retries + 1} attempts: {last_error}")
+        try:
+            response = await post_chat_completion(
+                self._client,
+                self._url,
+                body,
+                max_retries=self.config.max_retries,
+                backoff_s=0.5,
+                backoff_max_s=8.0,
+                timeout_s=self.config.timeout_s,
+                headers={"Authorization": f"Bearer {self.config.api_key}"},
+            )
+        except ChatCompletionError as error:
+            raise RuntimeError(f"policy {error}") from error
+        try:
+            return first_message(response)
+        except ChatCompletionError as error:
+            raise RuntimeError(f"policy {self._url} {error}") from error
 
 
 @dataclass

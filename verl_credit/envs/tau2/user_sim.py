@@ -11,7 +11,6 @@ Like tau2, an empty reply (no text, no tool call) is asked again up to ``max_emp
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import json
 import re
@@ -22,6 +21,7 @@ from typing import Any
 import httpx
 
 from verl_credit.envs.tau2._deps import require_tau2
+from verl_credit.openai_chat import ChatCompletionError, first_message, post_chat_completion
 
 __all__ = ["OpenAIUserSimulator", "UserSimConfig", "UserSimulatorError"]
 
@@ -48,7 +48,7 @@ class UserSimConfig:
     timeout_s: float = 300.0
     """Per-request timeout."""
     max_retries: int = 4
-    """Retries of a failed request (connection error, 429, 5xx) with exponential backoff."""
+    """Retries of a failed request (connection error, timeout, 408, 429, 5xx) with exponential backoff."""
     max_empty_retries: int = 3
     """Re-asks after an empty reply (tau2's ``DEFAULT_MAX_RETRIES``)."""
     max_tool_steps: int = 20
@@ -195,39 +195,27 @@ class OpenAIUserSimulator:
         return payload
 
     async def _post(self, payload: dict[str, Any]) -> dict[str, Any]:
-        url = f"{self._base_url}/chat/completions"
-        headers = {"Authorization": f"Bearer {self.config.api_key}"}
-        last_error = ""
-        for attempt in range(self.config.max_retries + 1):
-            if attempt:
-                await asyncio.sleep(min(0.5 * 2 ** (attempt - 1), 8.0))
-            try:
-                response = await self._client.post(url, json=payload, headers=headers, timeout=self.config.timeout_s)
-            except httpx.TransportError as error:
-                last_error = f"{type(error).__name__}: {error}"
-                continue
-            if response.status_code == 429 or response.status_code >= 500:
-                last_error = f"HTTP {response.status_code}: {response.text[:200]}"
-                continue
-            if response.status_code != 200:
-                raise UserSimulatorError(
-                    f"user simulator {url} answered HTTP {response.status_code}: {response.text[:300]}"
-                )
-            try:
-                return response.json()
-            except ValueError:
-                last_error = f"invalid JSON body: {response.text[:200]}"
-        raise UserSimulatorError(
-            f"user simulator {url} failed after {self.config.max_retries + 1} attempts: {last_error}"
-        )
+        try:
+            return await post_chat_completion(
+                self._client,
+                f"{self._base_url}/chat/completions",
+                payload,
+                max_retries=self.config.max_retries,
+                backoff_s=0.5,
+                backoff_max_s=8.0,
+                timeout_s=self.config.timeout_s,
+                headers={"Authorization": f"Bearer {self.config.api_key}"},
+            )
+        except ChatCompletionError as error:
+            raise UserSimulatorError(f"user simulator {error}") from error
 
 
 def _parse_choice(body: Mapping[str, Any]) -> tuple[str | None, list[dict[str, Any]] | None]:
     """``(content, tool calls)`` of the first choice; a call with unparseable arguments voids the reply."""
     try:
-        message = body["choices"][0]["message"]
-    except (KeyError, IndexError, TypeError):
-        raise UserSimulatorError(f"user simulator reply has no choices[0].message: {str(body)[:300]}") from None
+        message = first_message(body)
+    except ChatCompletionError as error:
+        raise UserSimulatorError(f"user simulator {error}") from None
     content = message.get("content")
     if isinstance(content, str) and "</think>" in content:
         content = _THINK.sub("", content).strip()

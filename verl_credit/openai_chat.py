@@ -1,0 +1,219 @@
+"""One POST to an OpenAI-compatible ``/chat/completions`` endpoint, with retries (shared by the small clients).
+
+Used by the simulated users (``verl_credit.verl.users``, ``verl_credit.envs.tau2.user_sim``), the tau2
+evaluation policy client (``verl_credit.envs.tau2.runner``) and the optional LLM role classifier
+(``verl_credit.annotate.roles``). The LLM annotator (``verl_credit.annotate.llm``) has its own client.
+
+Retry policy (attempt ``k`` = 1, 2, ... of ``max_retries`` retries):
+
+* retried: HTTP 408, 429 and 5xx, timeouts, transport errors (refused / dropped connections) and a
+  200 answer whose body is not JSON (a truncated body);
+* the wait before retry ``k`` is the answer's ``Retry-After`` (seconds or an HTTP date) capped at
+  ``retry_after_max_s`` when given, else ``min(backoff_s * 2**(k-1), backoff_max_s)``;
+* final at once: any other non-2xx answer (400, 401, 404, 422, ...);
+* after the last attempt, or on a final answer, :class:`ChatCompletionError` is raised; its message
+  starts with the URL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+
+__all__ = [
+    "ChatCompletionError",
+    "first_message",
+    "message_content",
+    "parse_retry_after",
+    "post_chat_completion",
+    "post_chat_completion_sync",
+    "retry_delay",
+]
+
+_RETRYABLE_STATUS = frozenset({408, 429})
+
+
+class ChatCompletionError(RuntimeError):
+    """A chat-completions request failed for good.
+
+    Attributes:
+        kind: ``"timeout"`` (client timeout or HTTP 408), ``"transport"`` (connection refused / dropped),
+            ``"rate_limit"`` (429), ``"server"`` (5xx), ``"http"`` (another non-2xx answer, not retried),
+            ``"invalid_json"`` (a 200 whose body is not JSON) or ``"no_message"`` (no ``choices[0].message``).
+        status: the last HTTP status, ``None`` when no answer came.
+    """
+
+    def __init__(self, message: str, kind: str, status: int | None = None):
+        super().__init__(message)
+        self.kind = kind
+        self.status = status
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header: delta-seconds or an HTTP date; else ``None``."""
+    if value is None or not value.strip():
+        return None
+    text = value.strip()
+    try:
+        return max(0.0, float(text))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when is None:
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+def retry_delay(
+    attempt: int, backoff_s: float, backoff_max_s: float, retry_after: float | None, retry_after_max_s: float
+) -> float:
+    """Seconds before retry ``attempt`` (1-based): ``Retry-After`` (capped) if given, else the capped
+    exponential backoff ``min(backoff_s * 2**(attempt-1), backoff_max_s)``."""
+    if retry_after is not None:
+        return min(retry_after, retry_after_max_s)
+    return min(backoff_s * 2 ** (attempt - 1), backoff_max_s)
+
+
+def _error_text(response: httpx.Response, limit: int = 200) -> str:
+    text = response.text[:limit]
+    return f"HTTP {response.status_code}: {text}" if text else f"HTTP {response.status_code}"
+
+
+def _outcome(url: str, response: httpx.Response) -> tuple[dict[str, Any] | None, ChatCompletionError | None, bool]:
+    """``(json, None, _)`` for a usable answer, else ``(None, error, retryable)``."""
+    status = response.status_code
+    if 200 <= status < 300:
+        try:
+            data = response.json()
+        except ValueError:
+            return None, ChatCompletionError(f"invalid JSON body: {response.text[:200]}", "invalid_json", status), True
+        if not isinstance(data, dict):
+            return (
+                None,
+                ChatCompletionError(f"{url} answered non-object JSON: {response.text[:200]}", "no_message", status),
+                False,
+            )
+        return data, None, False
+    if status in _RETRYABLE_STATUS or status >= 500:
+        kind = "timeout" if status == 408 else "rate_limit" if status == 429 else "server"
+        return None, ChatCompletionError(_error_text(response), kind, status), True
+    return None, ChatCompletionError(f"{url} answered {_error_text(response, 300)}", "http", status), False
+
+
+def _transport_error(error: httpx.HTTPError) -> ChatCompletionError:
+    kind = "timeout" if isinstance(error, httpx.TimeoutException) else "transport"
+    return ChatCompletionError(f"{type(error).__name__}: {error}", kind)
+
+
+def _final(url: str, attempts: int, last: ChatCompletionError) -> ChatCompletionError:
+    return ChatCompletionError(f"{url} failed after {attempts} attempts ({last})", last.kind, last.status)
+
+
+async def post_chat_completion(
+    client: httpx.AsyncClient,
+    url: str,
+    body: Mapping[str, Any],
+    *,
+    max_retries: int,
+    backoff_s: float,
+    backoff_max_s: float = 8.0,
+    retry_after_max_s: float = 60.0,
+    timeout_s: float | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """POST ``body`` to ``url`` (the full ``.../chat/completions`` URL) and return the parsed JSON answer.
+
+    Makes at most ``max_retries + 1`` attempts (module docstring: what is retried and how long it waits).
+    ``timeout_s`` overrides the client's timeout for this request; ``headers`` are added to the client's.
+
+    Raises:
+        ChatCompletionError: ``"<url> failed after N attempts (<last error>)"`` once retries are spent, or
+            ``"<url> answered HTTP <status>: <body>"`` at once for a non-retryable answer.
+    """
+    extra: dict[str, Any] = {"timeout": timeout_s} if timeout_s is not None else {}
+    last: ChatCompletionError | None = None
+    retry_after: float | None = None
+    for attempt in range(max_retries + 1):
+        if attempt:
+            await asyncio.sleep(retry_delay(attempt, backoff_s, backoff_max_s, retry_after, retry_after_max_s))
+        retry_after = None
+        try:
+            response = await client.post(url, json=dict(body), headers=dict(headers or {}), **extra)
+        except httpx.HTTPError as error:
+            last = _transport_error(error)
+            continue
+        data, last, retryable = _outcome(url, response)
+        if data is not None:
+            return data
+        if not retryable:
+            raise last
+        retry_after = parse_retry_after(response.headers.get("retry-after"))
+    assert last is not None
+    raise _final(url, max_retries + 1, last)
+
+
+def post_chat_completion_sync(
+    client: httpx.Client,
+    url: str,
+    body: Mapping[str, Any],
+    *,
+    max_retries: int,
+    backoff_s: float,
+    backoff_max_s: float = 8.0,
+    retry_after_max_s: float = 60.0,
+    timeout_s: float | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """The blocking twin of :func:`post_chat_completion` (same retries, waits and errors)."""
+    extra: dict[str, Any] = {"timeout": timeout_s} if timeout_s is not None else {}
+    last: ChatCompletionError | None = None
+    retry_after: float | None = None
+    for attempt in range(max_retries + 1):
+        if attempt:
+            time.sleep(retry_delay(attempt, backoff_s, backoff_max_s, retry_after, retry_after_max_s))
+        retry_after = None
+        try:
+            response = client.post(url, json=dict(body), headers=dict(headers or {}), **extra)
+        except httpx.HTTPError as error:
+            last = _transport_error(error)
+            continue
+        data, last, retryable = _outcome(url, response)
+        if data is not None:
+            return data
+        if not retryable:
+            raise last
+        retry_after = parse_retry_after(response.headers.get("retry-after"))
+    assert last is not None
+    raise _final(url, max_retries + 1, last)
+
+
+def first_message(response: Mapping[str, Any]) -> dict[str, Any]:
+    """``choices[0].message`` of a chat completion; :class:`ChatCompletionError` (``no_message``) if absent."""
+    try:
+        message = response["choices"][0]["message"]
+    except (KeyError, IndexError, TypeError):
+        message = None
+    if not isinstance(message, Mapping):
+        raise ChatCompletionError(f"reply has no choices[0].message: {str(response)[:300]}", "no_message")
+    return dict(message)
+
+
+def message_content(response: Mapping[str, Any]) -> str:
+    """The text of ``choices[0].message.content`` (``""`` when null); ``no_message`` error if missing or not text."""
+    message = first_message(response)
+    if "content" not in message:
+        raise ChatCompletionError(f"reply message has no content: {str(message)[:300]}", "no_message")
+    content = message["content"]
+    if content is None:
+        return ""
+    if not isinstance(content, str):
+        raise ChatCompletionError(f"reply content is not text: {str(content)[:300]}", "no_message")
+    return content
