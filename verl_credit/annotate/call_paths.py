@@ -1,0 +1,253 @@
+"""Paths, symbols and test outcomes of coding-agent calls (DESIGN.md section 2.2).
+
+What the causal call graph matches on:
+
+* :func:`extract_paths`: path-like tokens of a text (known extensions, ``Makefile``, ``.env``...)
+  plus the targets of patch / diff headers;
+* :func:`paths_match`: path matching by components: ``src/app.py`` matches ``/repo/src/app.py`` and
+  ``app.py`` (a bare name matches any file of that name); globs (``lib/*.pm``) match with ``fnmatch``;
+* the files an edit writes (editor arguments, patch headers, shell redirections and file arguments
+  of editing programs) and the distinctive symbols it replaces;
+* :func:`rv_outcome`: ``"pass"`` / ``"fail"`` / ``None`` for a test, type-check, lint or build output.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from verl_credit.annotate.shell import _strip_wrappers, _words, parse_shell
+from verl_credit.trajectory import ToolCall
+
+__all__ = ["extract_paths", "paths_match", "rv_outcome"]
+
+_EXTENSIONS = (
+    "py|pyi|pyx|ipynb|js|jsx|mjs|cjs|ts|tsx|vue|svelte|go|rs|java|kt|kts|scala|c|h|cc|cpp|cxx|hpp|hh|m|mm|cs|fs|rb|"
+    "php|pl|pm|swift|dart|lua|r|jl|ex|exs|erl|hs|ml|clj|sol|sh|bash|zsh|ps1|sql|md|rst|txt|json|jsonl|yaml|yml|toml|"
+    "cfg|ini|conf|env|lock|xml|html|htm|css|scss|less|gradle|mk|cmake|proto|graphql|tf|csv|patch|diff|sqlite|db"
+)
+_PATH = re.compile(
+    rf"(?:~|\.{{1,2}})?/?(?:[\w.*@+-]+/)*[\w*@+-][\w.*@+-]*\.(?:{_EXTENSIONS})|"
+    rf"(?:[\w.@+-]+/)*(?:Makefile|Dockerfile|Gemfile|Rakefile|Procfile|\.gitignore|\.env)"
+)
+_TOKEN = re.compile(r"[\w.*@+~/-]+")
+_SPECIAL_FILES = ("Makefile", "Dockerfile", "Gemfile", "Rakefile", "Procfile")
+_PATH_KEYS = (
+    "file_path",
+    "path",
+    "absolute_path",
+    "filename",
+    "file",
+    "target_file",
+    "notebook_path",
+    "paths",
+    "dir",
+    "directory",
+    "dir_path",
+)
+_PATCH_HEADER = re.compile(
+    r"^\*\*\* (?:Update|Add|Delete) File: (\S+)|^\*\*\* Move to: (\S+)|^\+\+\+ (?:b/)?(\S+)|"
+    r"^--- (?:a/)?(\S+)|^patching file '?([^'\s]+)'?|^[MAD] (\S+)$|^\[File: (\S+)",
+    re.MULTILINE,
+)
+_IDENTIFIER = re.compile(r"\b[A-Za-z_][A-Za-z0-9_]*\b")
+_DEFINITION = re.compile(
+    r"\b(?:def|class|fn|func|function|interface|struct|enum|trait|type)\s+([A-Za-z_][A-Za-z0-9_]*)"
+)
+_FAIL = re.compile(
+    r"(\b[1-9]\d* (failed|errors?)\b|^FAILED\b|^FAIL\b|^--- FAIL|\bFAIL\s+\S|test result: FAILED|"
+    r"^E\s{2,}|AssertionError|Traceback \(most recent call last\)|^error(\[E\d+\])?:|\berror TS\d+|"
+    r"Found [1-9]\d* errors?|[Ee]xit [Cc]ode:? [1-9]|\"exit_code\": [1-9]|\u00d7 |\u276f .*\(\d+\)|FAILED \()",
+    re.MULTILINE,
+)
+_PASS = re.compile(
+    r"(\b\d+ passed\b|^OK\b|test result: ok\.|All checks passed|^PASS\b|^ok\s+\S|tests finished: \d+ passed|"
+    r"Test Files\s+\d+ passed|\u2713|congratulations|Success: no issues|[Ee]xit [Cc]ode:? 0\b)",
+    re.MULTILINE,
+)
+
+
+def extract_paths(text: str) -> set[str]:
+    """Path-like tokens of ``text`` (files with a known extension, ``Makefile``, ``.env``...) plus the
+    targets named by patch / diff headers."""
+    found = set()
+    for token in _TOKEN.findall(text or ""):
+        token = token.rstrip(".-")
+        if ("." in token or token.endswith(_SPECIAL_FILES)) and _PATH.fullmatch(token):
+            path = _normalize_path(token)
+            if path:
+                found.add(path)
+    for path in _patch_targets(text or ""):
+        if _PATH.fullmatch(path) or "/" in path:
+            found.add(path)
+    return found
+
+
+def _normalize_path(path: str) -> str:
+    path = path.strip().strip("'\"`,:;()[]")
+    while path.startswith("./"):
+        path = path[2:]
+    return re.sub(r"/+", "/", path).rstrip("/")
+
+
+def paths_match(a: str, b: str) -> bool:
+    """True when one path is a component-suffix of the other (globs match with fnmatch)."""
+    if not a or not b:
+        return False
+    if "*" in a or "*" in b:
+        pattern, other = (a, b) if "*" in a else (b, a)
+        parts_p, parts_o = pattern.split("/"), other.split("/")
+        n = min(len(parts_p), len(parts_o))
+        return fnmatch.fnmatchcase("/".join(parts_o[-n:]), "/".join(parts_p[-n:]))
+    parts_a, parts_b = a.split("/"), b.split("/")
+    n = min(len(parts_a), len(parts_b))
+    return parts_a[-n:] == parts_b[-n:] and parts_a[-1] != ""
+
+
+def _matching(paths: Iterable[str], others: Iterable[str]) -> str | None:
+    others = list(others)
+    for path in sorted(paths):
+        for other in others:
+            if paths_match(path, other):
+                return path
+    return None
+
+
+def rv_outcome(text: str) -> str | None:
+    """``"fail"`` / ``"pass"`` / ``None`` for a verification output (failure wins when both)."""
+    if not text or not text.strip():
+        return None
+    if _FAIL.search(text):
+        return "fail"
+    if _PASS.search(text):
+        return "pass"
+    return None
+
+
+def _string_values(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, Mapping):
+        return [s for v in value.values() for s in _string_values(v)]
+    if isinstance(value, list | tuple):
+        return [s for v in value for s in _string_values(v)]
+    return []
+
+
+def _argument_paths(arguments: Mapping[str, Any]) -> set[str]:
+    """Paths named by path-valued argument keys (directories included) plus path tokens anywhere."""
+    paths = set()
+    for key in _PATH_KEYS:
+        for value in _string_values(arguments.get(key)):
+            if value.strip() and "\n" not in value:
+                paths.add(_normalize_path(value))
+    for value in _string_values(arguments):
+        paths |= extract_paths(value)
+    return {p for p in paths if p}
+
+
+def _distinctive(identifier: str) -> bool:
+    """Symbols worth matching: long enough and not a plain English word (has ``_`` or camelCase)."""
+    return len(identifier) >= 4 and ("_" in identifier.strip("_") or bool(re.search(r"[a-z][A-Z]", identifier)))
+
+
+def _symbols(text: str) -> set[str]:
+    """Definitions (``def x``, ``class X``...) and distinctive identifiers of ``text``."""
+    names = set(_DEFINITION.findall(text or ""))
+    names |= {s for s in _IDENTIFIER.findall(text or "") if _distinctive(s)}
+    return {n for n in names if len(n) >= 4}
+
+
+_EDIT_TEXT_KEYS = (
+    "old_string",
+    "old_str",
+    "old",
+    "oldText",
+    "search",
+    "replacement",
+    "new_string",
+    "new_str",
+    "new",
+    "newText",
+    "content",
+    "file_text",
+    "edits",
+    "input",
+    "patch",
+    "insert_text",
+)
+
+
+_FILE_ARG_PROGRAMS = _words(
+    "sed perl ruby awk tee rm touch mv cp truncate black isort autopep8 prettier gofmt rustfmt chmod ln"
+)
+_GIT_FILE_COMMANDS = _words("checkout restore rm mv add")
+
+
+def _shell_edit_paths(script: str, result: str) -> set[str]:
+    """Files a shell command line writes: redirection targets, file arguments of editing programs
+    (``sed -i``, ``tee``, ``rm``, ``mv``...), patch headers of heredoc patches, and targets the
+    output reports (``patching file X``, ``M X``)."""
+    paths = set()
+    for pipeline in parse_shell(script).statements:
+        for command in pipeline:
+            paths |= {_normalize_path(w) for w in command.writes}
+            argv = _strip_wrappers(command.argv)
+            if not argv:
+                continue
+            base = argv[0].rsplit("/", 1)[-1]
+            if base in _FILE_ARG_PROGRAMS or (base == "git" and len(argv) > 1 and argv[1] in _GIT_FILE_COMMANDS):
+                paths |= {_normalize_path(a) for a in argv[1:] if not a.startswith("-") and _looks_like_file(a)}
+            if command.heredoc and base in ("apply_patch", "patch", "git"):
+                paths |= _patch_targets(command.heredoc)
+    paths |= _patch_targets(result)
+    return {p for p in paths if p and p != "/dev/null"}
+
+
+def _edit_paths(call: ToolCall, result: str, script: str | None) -> set[str]:
+    """Files an AE tool call writes (best effort; empty when unknown)."""
+    if script is not None:
+        return _shell_edit_paths(script, result)
+    paths = _argument_paths(call.arguments) - {""}
+    for key in ("input", "patch"):
+        value = call.arguments.get(key)
+        if isinstance(value, str):  # a patch: its headers name the files, not every path it mentions
+            paths = (paths - extract_paths(value)) | _patch_targets(value)
+    if not paths:
+        paths = _patch_targets(result) or extract_paths(result)
+    return paths
+
+
+def _looks_like_file(arg: str) -> bool:
+    """A command-line argument that names a file (not a sed/perl expression, not a flag value)."""
+    if not re.fullmatch(r"[\w.*@+~/-]+", arg) or arg.startswith("s/"):
+        return False
+    return bool(_PATH.fullmatch(arg)) or "/" in arg or "." in arg.strip(".")
+
+
+def _patch_targets(text: str) -> set[str]:
+    """Targets named by patch / diff headers, ``patching file X``, ``M X``, ``[File: X``."""
+    found = set()
+    for match in _PATCH_HEADER.finditer(text or ""):
+        for group in match.groups():
+            if group and group != "/dev/null":
+                path = _normalize_path(group)
+                if path:
+                    found.add(path)
+    return found
+
+
+def _edited_symbols(call: ToolCall) -> set[str]:
+    texts = []
+    for key in _EDIT_TEXT_KEYS:
+        texts.extend(_string_values(call.arguments.get(key)))
+    removed = []
+    for text in texts:
+        lines = text.split("\n")
+        if any(line.startswith(("*** Begin Patch", "@@", "--- ")) for line in lines):
+            removed.extend(line[1:] for line in lines if line.startswith(("-", " ")) and not line.startswith("---"))
+        else:
+            removed.append(text)
+    return _symbols("\n".join(removed))
