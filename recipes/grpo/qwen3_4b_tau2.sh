@@ -13,22 +13,7 @@
 # Knobs: see recipes/common.sh; MODEL_PATH, ROLLOUT_TP, EXPERIMENT_NAME here.
 set -xeuo pipefail
 
-RECIPES_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-MODEL_PATH=${MODEL_PATH:-Qwen/Qwen3-4B}
-ROLLOUT_TP=${ROLLOUT_TP:-1}
-EXPERIMENT_NAME=${EXPERIMENT_NAME:-grpo_qwen3_4b_tau2}
-source "$RECIPES_DIR/common.sh"
-tau2_sections
-
-ALGORITHM=(
-    algorithm.adv_estimator=grpo
-    algorithm.norm_adv_by_std_in_grpo=True
-    algorithm.use_kl_in_reward=False
-)
-CREDIT=(
-    credit.annotator.name=rules
-)
-
-require_endpoint "simulated-user" "$USER_BASE_URL"
-launch_credit_trainer "${DATA[@]}" "${MODEL[@]}" "${ACTOR[@]}" "${ROLLOUT[@]}" "${ENVIRONMENT[@]}" \
-    "${ALGORITHM[@]}" "${CREDIT[@]}" "${TRAINER[@]}" "$@"
+export MODEL_PATH=${MODEL_PATH:-Qwen/Qwen3-4B}
+export ROLLOUT_TP=${ROLLOUT_TP:-1}
+export EXPERIMENT_NAME=${EXPERIMENT_NAME:-grpo_qwen3_4b_tau2}
+exec bash "$(dirname "${BASH_SOURCE[0]}")/qwen3_8b_tau2.sh" "$@"

@@ -14,41 +14,10 @@
 #                                              # IAPO annotator and tau2's simulated user (port 8000)
 #   ANNOTATOR_BASE_URL=http://<server>:8000/v1 bash recipes/iapo/qwen3_4b_tau2.sh [hydra overrides...]
 #   DRY_RUN=1 bash recipes/iapo/qwen3_4b_tau2.sh      # print the composed config, stop before Ray
-# Knobs: see recipes/common.sh; here MODEL_PATH, ROLLOUT_TP, EXPERIMENT_NAME, BETA_PLUS, CLIP_C, NEG_ROUTE,
-# BETA_MINUS.
+# Knobs: as recipes/iapo/qwen3_8b_tau2.sh (this script only changes the model defaults and runs it).
 set -xeuo pipefail
 
-RECIPES_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-MODEL_PATH=${MODEL_PATH:-Qwen/Qwen3-4B}
-ROLLOUT_TP=${ROLLOUT_TP:-1}
-EXPERIMENT_NAME=${EXPERIMENT_NAME:-iapo_qwen3_4b_tau2}
-BETA_PLUS=${BETA_PLUS:-0.05}
-CLIP_C=${CLIP_C:-0.25}
-NEG_ROUTE=${NEG_ROUTE:-error}
-BETA_MINUS=${BETA_MINUS:-0.05}
-case "$NEG_ROUTE" in error | support | projected) ;; *) echo "NEG_ROUTE must be error|support|projected" >&2 && exit 2 ;; esac
-source "$RECIPES_DIR/common.sh"
-tau2_sections
-
-ALGORITHM=(
-    algorithm.adv_estimator=iapo
-    algorithm.norm_adv_by_std_in_grpo=True
-    algorithm.use_kl_in_reward=False
-)
-TRAINER+=(trainer.v1.trainer_mode=credit_sync)
-CREDIT=(
-    credit.iapo.beta_plus="$BETA_PLUS"
-    credit.iapo.clip_c="$CLIP_C"
-    credit.iapo.neg_route="$NEG_ROUTE"
-    credit.iapo.beta_minus="$BETA_MINUS"
-    credit.annotator.name=llm
-    "credit.annotator.base_urls=$(hydra_list "$ANNOTATOR_BASE_URL")"
-    "credit.annotator.model=$ANNOTATOR_MODEL"
-    credit.annotator.in_rollout=True
-    credit.annotator.cache_path="$CKPT_DIR/graphs.sqlite"
-)
-
-require_endpoint "annotator" "$ANNOTATOR_BASE_URL"
-require_endpoint "simulated-user" "$USER_BASE_URL"
-launch_credit_trainer "${DATA[@]}" "${MODEL[@]}" "${ACTOR[@]}" "${ROLLOUT[@]}" "${ENVIRONMENT[@]}" \
-    "${ALGORITHM[@]}" "${CREDIT[@]}" "${TRAINER[@]}" "$@"
+export MODEL_PATH=${MODEL_PATH:-Qwen/Qwen3-4B}
+export ROLLOUT_TP=${ROLLOUT_TP:-1}
+export EXPERIMENT_NAME=${EXPERIMENT_NAME:-iapo_qwen3_4b_tau2}
+exec bash "$(dirname "${BASH_SOURCE[0]}")/qwen3_8b_tau2.sh" "$@"
