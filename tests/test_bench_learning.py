@@ -13,13 +13,13 @@ import torch
 from verl_credit.bench.learning import (
     CreditMap,
     LearningConfig,
-    _quantiles,
     oracle_weights,
     policy_gradient,
     summarize_runs,
     train_run,
 )
 from verl_credit.bench.learning_main import main
+from verl_credit.bench.stats import quantiles
 from verl_credit.cli.main import main as cli_main
 from verl_credit.envs.service.agent import FEATURES, MACROS, Episode, LinearSoftmaxPolicy
 
@@ -73,8 +73,8 @@ def test_policy_gradient_matches_finite_differences():
 def test_quantiles_treat_never_as_infinite():
     # sorted [100, 200, inf, inf]: q25 at position 0.75 -> 100 + 0.75 * 100 = 175;
     # median at 1.5 interpolates towards inf -> inf; q75 at 2.25 -> inf
-    assert _quantiles([200, math.inf, 100, math.inf]) == (175.0, math.inf, math.inf)
-    assert _quantiles([100, 300, 200]) == (150.0, 200.0, 250.0)
+    assert quantiles([200, math.inf, 100, math.inf]) == (175.0, math.inf, math.inf)
+    assert quantiles([100, 300, 200]) == (150.0, 200.0, 250.0)
 
 
 def test_iapo_credit_map_uses_rule_graphs_and_caches_them():

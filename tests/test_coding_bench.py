@@ -20,10 +20,10 @@ from verl_credit.bench.coding_arm import (
     format_markdown_table,
     play_episode,
     policy_gradient,
-    quantiles,
     run_coding_benchmark,
     summarize_coding_runs,
 )
+from verl_credit.bench.stats import quantiles
 from verl_credit.envs.coding import CodingSandbox, load_task
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_coding.py"

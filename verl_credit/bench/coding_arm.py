@@ -57,6 +57,7 @@ import torch
 
 from verl_credit.annotate.roles import build_call_graph
 from verl_credit.bench.parallel import map_jobs
+from verl_credit.bench.stats import summarize_learning_runs
 from verl_credit.call_graph import CallGraph
 from verl_credit.config import CreditConfig
 from verl_credit.credit.call_credit import compute_reward_hacking_rate
@@ -528,25 +529,6 @@ def run_coding_benchmark(
 # ----------------------------------------------------------------------------------------------
 
 
-def quantiles(values: Sequence[float]) -> tuple[float, float, float]:
-    """``(q25, median, q75)`` with linear interpolation; ``inf`` (never reached) sorts last and an
-    interpolation toward ``inf`` is ``inf``."""
-    ordered = np.sort(np.asarray(values, dtype=float))
-    if ordered.size == 0:
-        return (math.nan, math.nan, math.nan)
-
-    def q(p: float) -> float:
-        position = p * (ordered.size - 1)
-        low, high = math.floor(position), math.ceil(position)
-        if low == high:
-            return float(ordered[low])
-        if math.isinf(ordered[high]):
-            return math.inf
-        return float(ordered[low] + (ordered[high] - ordered[low]) * (position - low))
-
-    return q(0.25), q(0.5), q(0.75)
-
-
 def summarize_coding_runs(results: Sequence[CodingRunResult], config: CodingBenchConfig) -> dict[str, Any]:
     """Per arm: rollouts-to-target (median, IQR, reached), final success (mean, std), reward-hacking
     rate (pooled over runs), initial success."""
@@ -555,21 +537,11 @@ def summarize_coding_runs(results: Sequence[CodingRunResult], config: CodingBenc
         runs = [r for r in results if r.arm == arm]
         if not runs:
             continue
-        q25, median, q75 = quantiles([r.rollouts_to_target for r in runs])
-        finals = np.asarray([r.final_success for r in runs])
         eligible = sum(r.hacking_eligible for r in runs)
         arms[arm] = {
-            "runs": len(runs),
-            "reached": sum(not math.isinf(r.rollouts_to_target) for r in runs),
-            "rollouts_to_target_median": median,
-            "rollouts_to_target_q25": q25,
-            "rollouts_to_target_q75": q75,
-            "final_success_mean": float(finals.mean()),
-            "final_success_std": float(finals.std()),
+            **summarize_learning_runs(runs),
             "reward_hacking_rate": sum(r.hacking_count for r in runs) / eligible if eligible else 0.0,
             "reward_hacking_eligible": eligible,
-            "initial_success_mean": float(np.mean([r.initial_success for r in runs])),
-            "seconds_mean": float(np.mean([r.seconds for r in runs])),
         }
     return {"config": asdict(config), "arms": arms}
 

@@ -47,6 +47,7 @@ import torch
 
 from verl_credit.annotate.base import Annotator, build_annotator
 from verl_credit.bench.parallel import map_jobs
+from verl_credit.bench.stats import summarize_learning_runs
 from verl_credit.call_graph import CallGraph
 from verl_credit.config import CreditConfig
 from verl_credit.credit.grpo import compute_grpo_trajectory_advantage
@@ -358,26 +359,6 @@ def run_benchmark(config: LearningConfig, progress: Callable[[RunResult], Any] |
 # ----------------------------------------------------------------------------------------------
 
 
-def _quantiles(values: Sequence[float]) -> tuple[float, float, float]:
-    """(q25, median, q75) with ``inf`` for runs that never reached the target (lower quantiles
-    stay finite as long as enough runs reached it)."""
-    ordered = np.sort(np.asarray(values, dtype=float))
-    if ordered.size == 0:
-        return (math.nan, math.nan, math.nan)
-
-    def q(p: float) -> float:
-        position = p * (ordered.size - 1)
-        low, high = math.floor(position), math.ceil(position)
-        fraction = position - low
-        if fraction == 0:
-            return float(ordered[low])
-        if math.isinf(ordered[high]):  # sorted: an interpolation towards "never" is "never"
-            return math.inf
-        return float(ordered[low] + (ordered[high] - ordered[low]) * fraction)
-
-    return q(0.25), q(0.5), q(0.75)
-
-
 def summarize_runs(results: Sequence[RunResult], config: LearningConfig) -> dict[str, Any]:
     """Per variant and arm: rollouts-to-target (median, IQR, reached count), final success
     (mean, std), credit precision (pooled over runs), initial success; plus iapo/grpo ratios."""
@@ -388,21 +369,11 @@ def summarize_runs(results: Sequence[RunResult], config: LearningConfig) -> dict
             runs = [r for r in results if r.variant == variant and r.arm == arm]
             if not runs:
                 continue
-            q25, median, q75 = _quantiles([r.rollouts_to_target for r in runs])
-            finals = np.asarray([r.final_success for r in runs])
             arms[arm] = {
-                "runs": len(runs),
-                "reached": sum(not math.isinf(r.rollouts_to_target) for r in runs),
-                "rollouts_to_target_median": median,
-                "rollouts_to_target_q25": q25,
-                "rollouts_to_target_q75": q75,
-                "final_success_mean": float(finals.mean()),
-                "final_success_std": float(finals.std()),
+                **summarize_learning_runs(runs),
                 "credit_precision": float(
                     sum(r.precision_mass for r in runs) / max(sum(r.positive_mass for r in runs), 1e-12)
                 ),
-                "initial_success_mean": float(np.mean([r.initial_success for r in runs])),
-                "seconds_mean": float(np.mean([r.seconds for r in runs])),
             }
         if "grpo" in arms:
             grpo_runs = [r for r in results if r.variant == variant and r.arm == "grpo"]
