@@ -116,20 +116,26 @@ common_sections() {
     )
 }
 
-# data + environment (tau2 with its simulated user) on top of common_sections.
-tau2_sections() {
-    common_sections
+# data.* overrides shared by every recipe (train/test parquet in $DATA_DIR, thinking off); extra
+# data.* overrides may be passed as arguments.
+data_section() {
     DATA=(
         data.train_files="$DATA_DIR/train.parquet"
         data.val_files="$DATA_DIR/test.parquet"
         data.train_batch_size="$TRAIN_BATCH_SIZE"
         data.max_prompt_length="$MAX_PROMPT_LENGTH"
         data.max_response_length="$MAX_RESPONSE_LENGTH"
-        data.filter_overlong_prompts=True
         data.truncation=error
         data.return_raw_chat=True
         +data.apply_chat_template_kwargs.enable_thinking=False
+        "$@"
     )
+}
+
+# data + environment (tau2 with its simulated user) on top of common_sections.
+tau2_sections() {
+    common_sections
+    data_section data.filter_overlong_prompts=True
     ENVIRONMENT=(
         credit.env.name=tau2
         "+credit.env.options.user.base_urls=$(hydra_list "$USER_BASE_URL")"

@@ -53,16 +53,7 @@ print(f"{out}: {len(rows)} coding tasks")
 PY
 fi
 
-DATA=(
-    data.train_files="$DATA_DIR/train.parquet"
-    data.val_files="$DATA_DIR/test.parquet"
-    data.train_batch_size="$TRAIN_BATCH_SIZE"
-    data.max_prompt_length="$MAX_PROMPT_LENGTH"
-    data.max_response_length="$MAX_RESPONSE_LENGTH"
-    data.truncation=error
-    data.return_raw_chat=True
-    +data.apply_chat_template_kwargs.enable_thinking=False
-)
+data_section
 ENVIRONMENT=(
     credit.env.name=coding
     +credit.env.options.jail="$JAIL"
