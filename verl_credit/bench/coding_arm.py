@@ -57,7 +57,7 @@ import torch
 
 from verl_credit.annotate.roles import build_call_graph
 from verl_credit.bench.parallel import map_jobs
-from verl_credit.bench.stats import summarize_learning_runs
+from verl_credit.bench.stats import format_rollouts, summarize_learning_runs
 from verl_credit.call_graph import CallGraph
 from verl_credit.config import CreditConfig
 from verl_credit.credit.call_credit import compute_reward_hacking_rate
@@ -546,14 +546,6 @@ def summarize_coding_runs(results: Sequence[CodingRunResult], config: CodingBenc
     return {"config": asdict(config), "arms": arms}
 
 
-def _fmt(value: float) -> str:
-    if math.isinf(value):
-        return ">budget"
-    if math.isnan(value):
-        return "nan"
-    return f"{value:.0f}"
-
-
 def format_markdown_table(summary: Mapping[str, Any]) -> str:
     """One markdown row per arm."""
     config = summary["config"]
@@ -563,9 +555,9 @@ def format_markdown_table(summary: Mapping[str, Any]) -> str:
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for arm, s in summary["arms"].items():
-        iqr = f"[{_fmt(s['rollouts_to_target_q25'])}, {_fmt(s['rollouts_to_target_q75'])}]"
+        iqr = f"[{format_rollouts(s['rollouts_to_target_q25'])}, {format_rollouts(s['rollouts_to_target_q75'])}]"
         lines.append(
-            f"| {arm} | {_fmt(s['rollouts_to_target_median'])} | {iqr} | {s['reached']}/{s['runs']} | "
+            f"| {arm} | {format_rollouts(s['rollouts_to_target_median'])} | {iqr} | {s['reached']}/{s['runs']} | "
             f"{s['final_success_mean']:.3f} ± {s['final_success_std']:.3f} | {s['reward_hacking_rate']:.3f} | "
             f"{s['initial_success_mean']:.3f} |"
         )

@@ -47,7 +47,7 @@ import torch
 
 from verl_credit.annotate.base import Annotator, build_annotator
 from verl_credit.bench.parallel import map_jobs
-from verl_credit.bench.stats import summarize_learning_runs
+from verl_credit.bench.stats import format_rollouts, summarize_learning_runs
 from verl_credit.call_graph import CallGraph
 from verl_credit.config import CreditConfig
 from verl_credit.credit.grpo import compute_grpo_trajectory_advantage
@@ -430,23 +430,15 @@ def format_table(summary: dict[str, Any]) -> str:
     rows = [header, "-" * len(header)]
     for variant, block in summary["variants"].items():
         for arm, s in block["arms"].items():
-            iqr = f"[{_fmt(s['rollouts_to_target_q25'])}, {_fmt(s['rollouts_to_target_q75'])}]"
+            iqr = f"[{format_rollouts(s['rollouts_to_target_q25'])}, {format_rollouts(s['rollouts_to_target_q75'])}]"
             p_value = s.get("p_rollouts_vs_grpo")
             p_text = "-" if p_value is None or math.isnan(p_value) else f"{p_value:.2f}"
             rows.append(
-                f"{variant:<13}{arm:<12}{_fmt(s['rollouts_to_target_median']):>14}{iqr:>19}{p_text:>10}"
+                f"{variant:<13}{arm:<12}{format_rollouts(s['rollouts_to_target_median']):>14}{iqr:>19}{p_text:>10}"
                 f"{s['reached']:>5}/{s['runs']:<3}{s['final_success_mean']:>10.3f} ± {s['final_success_std']:.3f}"
                 f"{s['credit_precision']:>11.3f}{s['initial_success_mean']:>9.3f}"
             )
     return "\n".join(rows)
-
-
-def _fmt(value: float) -> str:
-    if math.isinf(value):
-        return ">budget"
-    if math.isnan(value):
-        return "nan"
-    return f"{value:.0f}"
 
 
 def plot_curves(results: Sequence[RunResult], config: LearningConfig, path: str | Path) -> Path:

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = ["LearningRun", "quantiles", "summarize_learning_runs"]
+__all__ = ["LearningRun", "format_rollouts", "quantiles", "summarize_learning_runs"]
 
 
 class LearningRun(Protocol):
@@ -18,6 +18,15 @@ class LearningRun(Protocol):
     final_success: float
     initial_success: float
     seconds: float
+
+
+def format_rollouts(value: float) -> str:
+    """A rollouts-to-target number for a table: ``>budget`` when never reached, ``nan`` when empty."""
+    if math.isinf(value):
+        return ">budget"
+    if math.isnan(value):
+        return "nan"
+    return f"{value:.0f}"
 
 
 def quantiles(values: Sequence[float]) -> tuple[float, float, float]:
