@@ -67,9 +67,20 @@ CODING_RECIPES = {
 }
 
 
+#: run for real by tests/e2e/test_cpu_training.py
+CPU_RECIPES = {"cpu/setup_env.sh", "cpu/train.sh", "cpu/smoke.sh"}
+
+
 def test_every_recipe_file_is_covered() -> None:
     found = {str(p.relative_to(RECIPES)) for p in RECIPES.rglob("*.sh")} - {"common.sh"}
-    assert found == set(TAU2_RECIPES) | set(CODING_RECIPES) | {"eval/tau2_eval.sh"}
+    assert found == set(TAU2_RECIPES) | set(CODING_RECIPES) | {"eval/tau2_eval.sh"} | CPU_RECIPES
+
+
+@pytest.mark.parametrize("recipe", sorted(CPU_RECIPES))
+def test_cpu_recipes_parse_and_fail_closed(recipe: str) -> None:
+    text = (RECIPES / recipe).read_text()
+    assert text.startswith("#!/usr/bin/env bash\n") and "set -euo pipefail" in text
+    assert subprocess.run(["bash", "-n", str(RECIPES / recipe)], check=False).returncode == 0
 
 
 @pytest.mark.parametrize("recipe", sorted(EXPECTED_HEADER_NUMBERS))

@@ -88,6 +88,7 @@ OVERRIDES: dict[str, tuple[str, object]] = {
     "credit.user.stop_token": ("DONE", "DONE"),
     "credit.user.script": ("[card,yes]", ["card", "yes"]),
     "credit.env.name": ("service", "service"),
+    "credit.debug.dump_dir": ("/tmp/credit_dumps", "/tmp/credit_dumps"),
 }
 
 
@@ -140,6 +141,7 @@ def test_every_credit_key_overridable_without_plus():
     call = settings.credit.call_credit
     assert call.counterfactual.budget == 8 and call.adaptive_omega.omega_max == 1.5
     assert call.dpo_export.path == "/tmp/dpo_pairs.jsonl" and call.ig_downweight.factor == 0.75
+    assert settings.debug.dump_dir == "/tmp/credit_dumps"
     # an open mapping takes new keys with '+'
     config = compose_credit_config(["+credit.env.options.variant=refund"])
     assert load_settings(config).env.options == {"variant": "refund"}

@@ -417,7 +417,7 @@ class CreditAgentLoop(ToolAgentLoop):
         """The annotation payload, computed now (async) unless disabled; a failure leaves the
         session without a graph so the trainer annotates it (counted) instead of losing the group."""
         estimator = self.settings.estimator
-        if estimator == "grpo" or not self.settings.annotator.in_rollout:
+        if not self.settings.annotator.in_rollout:
             return {}
         try:
             return await annotate_finished_trajectory(trajectory, estimator, self.settings.annotator)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import inspect
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -36,6 +37,8 @@ __all__ = [
     "result_summary",
     "rollout_annotator",
 ]
+
+logger = logging.getLogger(__name__)
 
 # One annotator per (process, settings): shares its concurrency limit, HTTP client and cache
 # across all sessions of a rollout worker. Keyed by the event loop too, since async clients are
@@ -114,12 +117,12 @@ async def annotate_finished_trajectory(
 
     ``iapo``: influence graph from the configured annotator (validated; failures become counted
     fallbacks inside the annotator). ``call_credit``: call graph from the rule classifier.
-    ``grpo``: nothing.
+    ``iapo`` and ``grpo`` also get the call graph, for ``credit/reward_hacking_rate`` only.
     """
     if estimator == "iapo":
         annotator = annotator or rollout_annotator(settings)
         result = (await annotator.annotate_batch([trajectory]))[0]
-        return {"graph": result.graph.to_json(), "annotation": result_summary(result)}
+        return {"graph": result.graph.to_json(), "annotation": result_summary(result), **_metric_roles(trajectory)}
     if estimator == "call_credit":
         started = time.perf_counter()
         graph, rv_status = build_call_graph(trajectory)
@@ -128,7 +131,18 @@ async def annotate_finished_trajectory(
             "rv_status": rv_status,
             "annotation": {"source": "roles", "seconds": time.perf_counter() - started, "fallback": False},
         }
-    return {}
+    return _metric_roles(trajectory)
+
+
+def _metric_roles(trajectory: Trajectory) -> dict[str, Any]:
+    """The call graph (IG/AE/RV roles) for the ``credit/reward_hacking_rate`` metric of estimators
+    that do not route with it; nothing when the classifier fails (the metric then skips the batch)."""
+    try:
+        graph, _ = build_call_graph(trajectory)
+    except Exception as exc:
+        logger.warning("credit: call roles of %s for the metrics failed: %r", trajectory.id, exc)
+        return {}
+    return {"call_graph": graph.to_json()}
 
 
 def result_from_payload(payload: Mapping[str, Any], num_actions: int) -> AnnotationResult | None:

@@ -52,9 +52,12 @@ def _wrap_validate_config() -> None:
 
 
 def register() -> None:
+    # First the CPU platform (a no-op unless VERL_PLATFORM=cpu): importing the trainer below
+    # already asks verl for the platform, which must then be registered.
     # Imported for their registrations: @register("credit_agent"), register_adv_est("iapo" /
     # "call_credit"), @register_trainer("credit_sync").
     import verl_credit.verl.agent_loop
+    import verl_credit.verl.cpu.register
     import verl_credit.verl.estimators
     import verl_credit.verl.trainer  # noqa: F401
 

@@ -31,6 +31,7 @@ __all__ = [
     "LAYOUTS",
     "AnnotatorSettings",
     "CreditSettings",
+    "DebugSettings",
     "EnvSettings",
     "UserSettings",
     "check_trainer_selection",
@@ -156,6 +157,16 @@ class EnvSettings:
 
 
 @dataclass(frozen=True)
+class DebugSettings:
+    """``credit.debug.*``: audit dumps of what the trainer computed (off by default)."""
+
+    dump_dir: str | None = None
+    """Folder the trainer writes one ``step_N.pt`` per training step into: every row's key, tags,
+    rollout mask, rewards, ``extra_fields['credit']`` payload and the advantages the actor receives
+    (``verl_credit.verl.cpu.check`` recomputes them offline with ``routing``). ``null``: no dump."""
+
+
+@dataclass(frozen=True)
 class CreditSettings:
     """Everything under ``credit``."""
 
@@ -164,6 +175,7 @@ class CreditSettings:
     annotator: AnnotatorSettings = field(default_factory=AnnotatorSettings)
     user: UserSettings = field(default_factory=UserSettings)
     env: EnvSettings = field(default_factory=EnvSettings)
+    debug: DebugSettings = field(default_factory=DebugSettings)
 
     def __post_init__(self) -> None:
         _require(self.layout in LAYOUTS, "credit.layout", f"must be one of {LAYOUTS}", self.layout)
@@ -185,7 +197,7 @@ def load_settings(config: Any) -> CreditSettings:
     values = _to_plain(node)
     if not isinstance(values, dict):
         raise ValueError(f"credit: expected a mapping, got {type(values).__name__}")
-    known = set(_CREDIT_MATH_KEYS) | {"layout", "annotator", "user", "env"}
+    known = set(_CREDIT_MATH_KEYS) | {"layout", "annotator", "user", "env", "debug"}
     unknown = sorted(set(values) - known)
     if unknown:
         raise ValueError(f"unknown key(s) {', '.join('credit.' + k for k in unknown)}; known: {sorted(known)}")
@@ -214,6 +226,7 @@ def load_settings(config: Any) -> CreditSettings:
         annotator=build_section(AnnotatorSettings, annotator_values, "credit.annotator"),
         user=build_section(UserSettings, user_values, "credit.user"),
         env=build_section(EnvSettings, env_values, "credit.env"),
+        debug=build_section(DebugSettings, dict(values.get("debug") or {}), "credit.debug"),
     )
 
 

@@ -31,7 +31,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -82,6 +82,7 @@ from verl_credit.verl.batch import (
     session_lengths,
     session_spans,
 )
+from verl_credit.verl.credit_dump import write_step_dump
 from verl_credit.verl.settings import (
     CREDIT_TRAINER_MODE,
     AnnotatorSettings,
@@ -144,6 +145,7 @@ class SessionGraphs:
     call_graphs: list[CallGraph] | None = None
     rv_statuses: list[list[str | None]] = field(default_factory=list)
     stats: AnnotationStats | None = None
+    role_graphs: list[CallGraph] | None = None  # call roles for the metrics only (iapo, grpo)
     annotated_in_trainer: int = 0
     missing_transcript: int = 0
 
@@ -208,7 +210,7 @@ def compute_credit_advantages(
         found.stats,
         [t for t in inputs.trajectories if t is not None],
         graphs=found.graphs,
-        call_graphs=found.call_graphs,
+        call_graphs=found.call_graphs if found.call_graphs is not None else found.role_graphs,
         rewards=inputs.scores,
     )
     if rv_total is not None:
@@ -578,15 +580,28 @@ def session_graphs(
 ) -> SessionGraphs:
     """Influence graphs (iapo) or call graphs (call_credit) of every session."""
     found = SessionGraphs()
+    found.stats = AnnotationStats()
     if settings.estimator == "iapo":
         results = _influence_graphs(sessions, inputs, settings.annotator, annotate, found)
         found.graphs = [result.graph for result in results]
-        found.stats = AnnotationStats()
         for result in results:
             found.stats.add(result)
     elif settings.estimator == "call_credit":
         found.call_graphs, found.rv_statuses = _call_graphs(sessions, inputs, found)
+        found.stats.total = len(sessions)
+        found.stats.parsed = len(sessions)
+        found.stats.seconds = sum(float((p.get("annotation") or {}).get("seconds", 0.0)) for p in inputs.payloads)
+    if found.call_graphs is None:
+        found.role_graphs = _role_graphs(inputs.payloads)
     return found
+
+
+def _role_graphs(payloads: Sequence[Mapping[str, Any]]) -> list[CallGraph] | None:
+    """The call roles the agent loop recorded for the metrics (``credit/reward_hacking_rate``) of
+    estimators that do not route with them; None unless every session has them."""
+    if not payloads or any(p.get("call_graph") is None for p in payloads):
+        return None
+    return [CallGraph.from_json(p["call_graph"]) for p in payloads]
 
 
 def token_advantages(
@@ -782,6 +797,11 @@ class CreditTrainerSync(PPOTrainerSync):
         # 3: credit (for call_credit with replays on, also the rows' extra_info: environment and task)
         settings = self.credit_settings
         replaying = settings.estimator == "call_credit" and settings.credit.call_credit.needs_replay
+        used_config = (
+            self.call_extras.credit_config(settings.credit)
+            if self.call_extras.applies_to(settings)
+            else settings.credit
+        )
         step = compute_credit_advantages(
             batch.keys,
             batch.tags,
@@ -810,7 +830,41 @@ class CreditTrainerSync(PPOTrainerSync):
         output = TensorDict(
             {name: response_to_nested(data.batch[name], response_mask) for name in out_fields}, batch_size=len(batch)
         )
+        if settings.debug.dump_dir:
+            self._pending_dump = {
+                "keys": list(batch.keys),
+                "tags": [dict(tag) for tag in batch.tags],
+                "uids": list(uids),
+                "rollout_mask": rollout_mask.to(torch.int8),
+                "response_mask": data.batch["response_mask"].to(torch.int8),
+                "token_level_rewards": data.batch["token_level_rewards"].clone(),
+                "payloads": [dict(credit_payload(extra)) or None for extra in extras],
+                "estimator": settings.estimator,
+                "credit_config": asdict(used_config),
+                "norm_adv_by_std_in_grpo": bool(self.config.algorithm.norm_adv_by_std_in_grpo),
+                "epsilon": float(settings.credit.epsilon),
+                "trainer_advantages": step.advantages.clone(),
+            }
         return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=output)
+
+    def _update_actor(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        """verl's actor update; with ``credit.debug.dump_dir`` set, the step's dump is written first,
+        with the advantages read back from TransferQueue exactly as the actor is about to read them."""
+        pending = getattr(self, "_pending_dump", None)
+        folder = self.credit_settings.debug.dump_dir
+        if folder and pending is not None and list(batch.keys) == pending["keys"]:
+            fetched = tq.kv_batch_get(
+                keys=batch.keys, partition_id=batch.partition_id, select_fields=["advantages", "response_mask"]
+            )
+            actor = fetched.to_padded_tensor()["advantages"]
+            width = pending["trainer_advantages"].shape[1]
+            padded = torch.zeros((actor.shape[0], width), dtype=actor.dtype)
+            padded[:, : min(width, actor.shape[1])] = actor[:, :width]
+            pending["actor_advantages"] = padded
+            pending["credit_state"] = self.call_extras.state_dict()
+            write_step_dump(folder, int(self.global_steps), pending)
+            self._pending_dump = None
+        return super()._update_actor(batch, metrics)
 
 
 def _fetch_extra_infos(batch: KVBatchMeta) -> list[Mapping[str, Any] | None]:
