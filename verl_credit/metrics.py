@@ -28,7 +28,32 @@ from verl_credit.graph import InfluenceGraph
 from verl_credit.routing import BatchCredit, pad_call_graphs
 from verl_credit.trajectory import Trajectory
 
-__all__ = ["compute_credit_metrics", "count_redundant_tool_calls", "weight_spread"]
+__all__ = [
+    "DESIGN_METRICS",
+    "INFLUENCE_GRAPH_METRICS",
+    "compute_credit_metrics",
+    "count_redundant_tool_calls",
+    "weight_spread",
+]
+
+#: DESIGN.md section 6: the metrics the trainer logs every step
+DESIGN_METRICS: tuple[str, ...] = (
+    "credit/fallback_rate",
+    "credit/repaired_edges",
+    "credit/annotate_seconds",
+    "credit/cache_hit_rate",
+    "credit/w_pos_std",
+    "credit/w_pos_min",
+    "credit/w_pos_max",
+    "credit/w_pos_frac_dev10",
+    "credit/w_neg_frac_dev10",
+    "credit/edges_per_action",
+    "credit/error_rate",
+    "credit/reward_hacking_rate",
+    "credit/tool_call_redundancy",
+)
+#: the ones defined on influence graphs (logged by estimators that route with them: iapo)
+INFLUENCE_GRAPH_METRICS: tuple[str, ...] = ("credit/edges_per_action", "credit/error_rate")
 
 
 def weight_spread(weight: torch.Tensor, selected: torch.Tensor) -> dict[str, float]:

@@ -16,7 +16,8 @@
 #    (verl_credit/verl/cpu/check.py) and prints, last:
 #    cpu training: grpo N steps, iapo N steps, call_credit N steps, resumed at step K, credit matches core: yes|no, max |adv - core| X
 #
-# Knobs: SMOKE_DIR [<repo>/.cpu-train/smoke]  STEPS [2]  TASKS [4]  VARIANT [refund]  ROLLOUT_N [4]
+# Knobs: SMOKE_DIR [<repo>/.cpu-train/smoke]  STEPS [2]  TASKS [4]  VARIANT [refund]  ROLLOUT_N [8]  MAX_TURNS [12]
+#        MAX_PROMPT_LENGTH [256]  MAX_RESPONSE_LENGTH [768]
 #        TIMEOUT_S per training run [900]; everything train.sh reads (LR, MAX_TURNS, ...).
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -24,7 +25,8 @@ SMOKE_DIR=${SMOKE_DIR:-$REPO/.cpu-train/smoke}
 STEPS=${STEPS:-2}
 TASKS=${TASKS:-4}
 VARIANT=${VARIANT:-refund}
-export ROLLOUT_N=${ROLLOUT_N:-4} TIMEOUT_S=${TIMEOUT_S:-900}
+export ROLLOUT_N=${ROLLOUT_N:-8} TIMEOUT_S=${TIMEOUT_S:-900} MAX_TURNS=${MAX_TURNS:-12}
+export MAX_PROMPT_LENGTH=${MAX_PROMPT_LENGTH:-256} MAX_RESPONSE_LENGTH=${MAX_RESPONSE_LENGTH:-768}
 started=$SECONDS
 
 VENV=$(bash "$REPO/recipes/cpu/setup_env.sh" | tail -n 1)
