@@ -8,9 +8,13 @@ by verl's file logger) and, for each estimator, averages over training steps aft
 * ``timing_s/step`` (verl: the whole step), ``timing_s/gen`` (rollout, annotation included: the
   agent loop annotates each episode as it finishes, overlapped with other episodes' generation),
   ``timing_s/adv`` (verl's advantage phase = the credit trainer's ``_compute_advantage``);
-* ``credit/annotate_seconds``: the summed per-episode annotation time of the step's sessions;
+* ``credit/annotate_seconds``: the summed per-episode annotation time of the step's sessions
+  (CPU time in the rollout workers, overlapped with other episodes' generation: an upper bound on
+  what it adds to the step);
 
-and prints the shares ``adv/step`` and ``annotate/step`` and the ratios of each to grpo's.
+and prints the shares ``adv/step`` and ``annotate/step`` and each arm's ``adv`` relative to grpo's.
+With ``--all-steps`` the sums over every training step are used (step 1 included: its vLLM warm-up
+inflates ``step`` in every arm alike).
 
     python scripts/bench_cpu_training.py [--smoke-dir .cpu-train/smoke]
 
@@ -37,33 +41,32 @@ def step_metrics(run_dir: Path) -> list[dict[str, float]]:
     return [values for _, values in sorted(steps.items()) if "timing_s/step" in values]
 
 
-def summarize(steps: list[dict[str, float]]) -> dict[str, float]:
-    later = steps[1:] or steps  # step 1 pays vLLM's warm-up
-    mean = {
-        name: statistics.fmean(s.get(name, 0.0) for s in later)
-        for name in (
-            "timing_s/step",
-            "timing_s/gen",
-            "timing_s/adv",
-            "timing_s/update_actor",
-            "credit/annotate_seconds",
-        )
-    }
-    mean["steps"] = float(len(later))
+def summarize(steps: list[dict[str, float]], all_steps: bool = False) -> dict[str, float]:
+    used = steps if all_steps else (steps[1:] or steps)  # step 1 pays vLLM's warm-up
+    names = ("timing_s/step", "timing_s/gen", "timing_s/adv", "timing_s/update_actor", "credit/annotate_seconds")
+    mean = {name: statistics.fmean(s.get(name, 0.0) for s in used) for name in names}
+    mean["steps"] = float(len(used))
     return mean
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--smoke-dir", default=".cpu-train/smoke")
+    parser.add_argument("--all-steps", action="store_true", help="include step 1 (vLLM warm-up)")
     args = parser.parse_args(argv)
     root = Path(args.smoke_dir) / "runs"
-    table = {name: summarize(step_metrics(root / name)) for name in RUNS if (root / name / "metrics.jsonl").exists()}
+    table = {
+        name: summarize(step_metrics(root / name), args.all_steps)
+        for name in RUNS
+        if (root / name / "metrics.jsonl").exists()
+    }
     if "grpo" not in table:
         print(f"no grpo run under {root}: run bash recipes/cpu/smoke.sh first", file=sys.stderr)
         return 2
     base = table["grpo"]
-    print("| estimator | steps | step s | gen s | adv s | annotate s | adv/step | annotate/step | adv vs grpo |")
+    print(
+        "| estimator | steps | step s | gen s | adv s | annotate s | adv/step | annotate/step | adv vs grpo |"
+    )  # means
     print("|---|---|---|---|---|---|---|---|---|")
     for name, row in table.items():
         print(

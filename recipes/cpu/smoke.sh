@@ -40,10 +40,10 @@ policy_key=$(cat "$REPO/verl_credit/verl/cpu/tiny_policy.py" <(echo "$TASKS $VAR
 export MODEL_PATH=$SMOKE_DIR/model DATA_DIR=$SMOKE_DIR/data
 if [[ "$(cat "$MODEL_PATH/.key" 2>/dev/null)" != "$policy_key" ]]; then
     rm -rf "$MODEL_PATH"
-    "$PY" -m verl_credit.verl.cpu.tiny_policy --out "$MODEL_PATH" --tasks "$TASKS" --variant "$VARIANT"
+    timeout 900 "$PY" -m verl_credit.verl.cpu.tiny_policy --out "$MODEL_PATH" --tasks "$TASKS" --variant "$VARIANT"
     echo "$policy_key" > "$MODEL_PATH/.key"
 fi
-"$PY" -m verl_credit.verl.cpu.data --out "$DATA_DIR" --tasks "$TASKS" --variant "$VARIANT" > /dev/null
+timeout 300 "$PY" -m verl_credit.verl.cpu.data --out "$DATA_DIR" --tasks "$TASKS" --variant "$VARIANT" > /dev/null
 
 RUNS=$SMOKE_DIR/runs
 rm -rf "$RUNS"
@@ -62,5 +62,5 @@ train call_credit_resumed call_credit $((STEPS + 1)) trainer.val_before_train=Fa
     trainer.save_freq=-1 trainer.resume_mode=auto trainer.default_local_dir="$RUNS/call_credit/ckpt" "${OMEGA[@]}"
 
 echo "== offline check (total so far $((SECONDS - started)) s)" >&2
-"$PY" -m verl_credit.verl.cpu.check --run grpo="$RUNS/grpo" --run iapo="$RUNS/iapo" \
+timeout 600 "$PY" -m verl_credit.verl.cpu.check --run grpo="$RUNS/grpo" --run iapo="$RUNS/iapo" \
     --run call_credit="$RUNS/call_credit" --resumed "$RUNS/call_credit_resumed" --json "$SMOKE_DIR/check.json"

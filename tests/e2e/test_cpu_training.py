@@ -52,12 +52,14 @@ def smoke(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     reuse = os.environ.get("VERL_CREDIT_SMOKE_DIR")
     if reuse:
         lines = (Path(reuse) / "smoke.out").read_text().strip().splitlines()
-        return {"rc": 0, "stdout": "", "stderr": "", "last": lines[-1] if lines else "", "dir": Path(reuse)}
+        return {"rc": 0, "stdout": "", "stderr": "", "last": lines[-1] if lines else "", "dir": Path(reuse), "left": []}
     out = tmp_path_factory.mktemp("cpu_smoke")
     env = {**os.environ, "SMOKE_DIR": str(out), "STEPS": str(STEPS), "ROLLOUT_N": str(ROLLOUT_N)}
+    before = _leftovers()
     proc = subprocess.run(
         ["bash", str(SMOKE)], cwd=REPO, env=env, capture_output=True, text=True, timeout=3300, check=False
     )
+    left = sorted(_leftovers() - before)
     sys.stderr.write(proc.stderr[-4000:])
     lines = proc.stdout.strip().splitlines()
     return {
@@ -66,7 +68,29 @@ def smoke(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "stderr": proc.stderr,
         "last": lines[-1] if lines else "",
         "dir": out,
+        "left": left,
     }
+
+
+def _leftovers() -> set[str]:
+    """What a verl + vLLM + Ray run leaves behind unless it is cleaned up: shared-memory segments,
+    Ray's default session folder, ZMQ sockets, checkpoint locks and vLLM files in /tmp."""
+    found = {f"/dev/shm/{name}" for name in os.listdir("/dev/shm")} if os.path.isdir("/dev/shm") else set()
+    for path in Path("/tmp").iterdir():
+        name = path.name
+        if (
+            re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", name)
+            or name.startswith(("ckpt_", "vllm_dist_", "vcrun."))
+            or path.is_socket()
+        ):
+            found.add(str(path))
+    found |= {str(p) for p in Path("/tmp/ray").glob("session_2*")} if Path("/tmp/ray").is_dir() else set()
+    return found
+
+
+def test_the_run_cleans_up_after_itself(smoke: dict[str, Any]) -> None:
+    assert smoke["rc"] == 0
+    assert smoke["left"] == [], smoke["left"]
 
 
 def _metrics(run_dir: Path) -> dict[int, dict[str, Any]]:
