@@ -15,13 +15,21 @@
 #   MAX_TURNS           assistant turns per episode (also simulated-user replies)             [30]
 #   MAX_PROMPT_LENGTH / MAX_RESPONSE_LENGTH  tokens (system prompt + tools; whole episode)   [10240 / 22528]
 #   MAX_TOOL_RESPONSE_CHARS  verl truncates longer tool results (its default, 256, would cut tau2's)  [8192]
+#   MAX_PARALLEL_CALLS  tool calls of one assistant turn that are executed (verl's default, 1, runs only the
+#                       first call of a turn and drops the rest)                              [16]
 #   ROLLOUT_GPU_MEM     vLLM gpu_memory_utilization of the rollout                            [0.6]
 #   TRAIN_BATCH_SIZE    tasks per step; PPO_MINI_BATCH_SIZE tasks per update                  [32 / 16]
 #   LR, TOTAL_EPOCHS, SAVE_FREQ, TEST_FREQ                                                    [1e-6, 15, 20, 10]
 #   ANNOTATOR_BASE_URL  annotator endpoint(s), comma-separated (…/v1)                         [http://127.0.0.1:8000/v1]
 #   ANNOTATOR_MODEL     served annotator model                                                [Qwen/Qwen3-32B]
 #   USER_BASE_URL / USER_MODEL  simulated-user endpoint(s) and model       [ANNOTATOR_BASE_URL / ANNOTATOR_MODEL]
-#   PROJECT_NAME, EXPERIMENT_NAME, CKPT_DIR, LOGGER                                           [see below]
+#   PROJECT_NAME, EXPERIMENT_NAME, CKPT_DIR                                                   [see below]
+#   CACHE_DIR           folder of the annotation cache (sqlite, WAL mode): node-local disk, never a network
+#                       filesystem shared by nodes (python -m verl_credit.main refuses one when NNODES > 1
+#                       unless the path contains {hostname})   [${TMPDIR:-/tmp}/verl_credit/$PROJECT_NAME/$EXPERIMENT_NAME]
+#   LOGGER              verl trainer.logger; wandb is opt-in: LOGGER='["console","wandb"]' with WANDB_API_KEY,
+#                       `wandb login` or WANDB_MODE=offline (checked before Ray starts)       [["console"]]
+#   ENDPOINT_USE_PROXY  1: the endpoint checks (curl) honour HTTP(S)_PROXY; 0: they go direct  [0]
 #   DRY_RUN=1           print the composed config (Hydra --cfg job --resolve) and stop before Ray starts
 #   PYTHON              interpreter                                                           [python3]
 # TRAIN_BATCH_SIZE, LR and TOTAL_EPOCHS are not given in DESIGN.md section 7; the defaults are ours.
@@ -48,11 +56,14 @@ ANNOTATOR_MODEL=${ANNOTATOR_MODEL:-Qwen/Qwen3-32B}
 USER_BASE_URL=${USER_BASE_URL:-$ANNOTATOR_BASE_URL}
 USER_MODEL=${USER_MODEL:-$ANNOTATOR_MODEL}
 PROJECT_NAME=${PROJECT_NAME:-verl_credit_tau2}
-LOGGER=${LOGGER:-'["console","wandb"]'}
+LOGGER=${LOGGER:-'["console"]'}
+MAX_PARALLEL_CALLS=${MAX_PARALLEL_CALLS:-16}
+ENDPOINT_USE_PROXY=${ENDPOINT_USE_PROXY:-0}
 
 case "$DRY_RUN" in 0 | 1) ;; *) echo "DRY_RUN must be 0 or 1, got '$DRY_RUN'" >&2 && exit 2 ;; esac
+case "$ENDPOINT_USE_PROXY" in 0 | 1) ;; *) echo "ENDPOINT_USE_PROXY must be 0 or 1, got '$ENDPOINT_USE_PROXY'" >&2 && exit 2 ;; esac
 for knob in NNODES GPUS_PER_NODE ROLLOUT_N MAX_TURNS MAX_PROMPT_LENGTH MAX_RESPONSE_LENGTH TRAIN_BATCH_SIZE \
-    PPO_MINI_BATCH_SIZE TOTAL_EPOCHS; do
+    PPO_MINI_BATCH_SIZE TOTAL_EPOCHS MAX_PARALLEL_CALLS; do
     case "${!knob}" in '' | *[!0-9]* | 0) echo "$knob must be a positive integer, got '${!knob}'" >&2 && exit 2 ;; esac
 done
 
@@ -64,9 +75,12 @@ hydra_list() {
 }
 
 # Model, actor, rollout and trainer sections shared by every recipe. Needs MODEL_PATH, ROLLOUT_TP and
-# EXPERIMENT_NAME set by the recipe.
+# EXPERIMENT_NAME set by the recipe. CKPT_DIR is often on NFS; CACHE_DIR (the annotation cache) stays on
+# node-local disk, because sqlite's WAL mode cannot be shared across hosts.
 common_sections() {
     CKPT_DIR=${CKPT_DIR:-$HOME/ckpt/$PROJECT_NAME/$EXPERIMENT_NAME}
+    CACHE_DIR=${CACHE_DIR:-${TMPDIR:-/tmp}/verl_credit/$PROJECT_NAME/$EXPERIMENT_NAME}
+    CACHE_DIR=${CACHE_DIR%/}
     MODEL=(
         actor_rollout_ref.model.path="$MODEL_PATH"
         actor_rollout_ref.model.use_remove_padding=True
@@ -99,6 +113,7 @@ common_sections() {
         actor_rollout_ref.rollout.multi_turn.max_assistant_turns="$MAX_TURNS"
         actor_rollout_ref.rollout.multi_turn.max_user_turns="$MAX_TURNS"
         actor_rollout_ref.rollout.multi_turn.max_tool_response_length="$MAX_TOOL_RESPONSE_CHARS"
+        actor_rollout_ref.rollout.multi_turn.max_parallel_calls="$MAX_PARALLEL_CALLS"
         actor_rollout_ref.rollout.agent.default_agent_loop=credit_agent
         actor_rollout_ref.rollout.val_kwargs.n=1
     )
@@ -158,13 +173,23 @@ require_data() {
     done
 }
 
-# Fail early (before Ray) when an endpoint the run needs does not answer.
+# The annotation cache file under CACHE_DIR, as a quoted Hydra value (a {hostname} part needs the quotes).
+cache_path_override() {
+    printf "credit.annotator.cache_path='%s/graphs.sqlite'" "$CACHE_DIR"
+}
+
+# Fail early (before Ray) when an endpoint the run needs does not answer. The check goes direct
+# (curl --noproxy '*': a cluster's HTTP(S)_PROXY usually cannot reach in-cluster servers, and the run's own
+# HTTP clients, the LLM annotator and the simulated users, ignore proxy variables by default too);
+# ENDPOINT_USE_PROXY=1 lets curl honour them (the tau2 user then needs +credit.env.options.user.trust_env=true).
 require_endpoint() {
     local what=$1 urls=$2 url
     [[ "$DRY_RUN" == 1 ]] && return 0
+    local proxy=(--noproxy '*')
+    [[ "$ENDPOINT_USE_PROXY" == 1 ]] && proxy=()
     local IFS=,
     for url in $urls; do
-        if ! curl -sf --max-time 10 "${url%/}/models" >/dev/null; then
+        if ! curl -sf "${proxy[@]+"${proxy[@]}"}" --max-time 10 "${url%/}/models" >/dev/null; then
             echo "$what endpoint $url does not answer (start it with scripts/serve_annotator.sh, or set the URL)" >&2
             exit 2
         fi

@@ -11,14 +11,16 @@ writes ``train.parquet`` (airline 30 + retail 74 + telecom 74 = 178 tasks) and `
   (the first user message is produced at rollout time by the simulated user);
 - ``data_source``: ``tau2/<domain>``; ``agent_name``: ``credit_agent``; ``ability``: ``agent``;
 - ``extra_info``: ``env`` (``"tau2"``, the environment the credit agent loop builds), ``domain``,
-  ``task_id``, ``split``, ``index``, ``reward_basis``, ``system_prompt`` and ``tools_json`` (the
-  domain's OpenAI tool schemas as a JSON string).
+  ``task_id``, ``split``, ``index``, ``reward_basis``.
+
+Nothing else: verl stores every row's ``extra_info`` with each of its N rollouts (and copies it
+into padding rows); the environment builds the system prompt and the full tool schemas itself at
+``start``, so a copy here (15-35 KB per row) would only be carried around unread.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,12 +31,11 @@ AGENT_NAME = "credit_agent"  # verl_credit.verl.agent_loop.AGENT_NAME (not impor
 
 def build_rows(split: str, domains: tuple[str, ...] = DOMAINS, agent_name: str = AGENT_NAME) -> list[dict[str, Any]]:
     """One verl row per task of ``split`` in each domain, in tau2's split-file order."""
-    from verl_credit.envs.tau2.domains import agent_system_prompt, agent_tool_schemas, load_split
+    from verl_credit.envs.tau2.domains import agent_system_prompt, load_split
 
     rows = []
     for domain in domains:
         system_prompt = agent_system_prompt(domain)
-        tools_json = json.dumps(agent_tool_schemas(domain))
         for task in load_split(domain, split):
             criteria = task.evaluation_criteria
             rows.append(
@@ -50,8 +51,6 @@ def build_rows(split: str, domains: tuple[str, ...] = DOMAINS, agent_name: str =
                         "split": split,
                         "index": len(rows),
                         "reward_basis": [basis.value for basis in criteria.reward_basis] if criteria else [],
-                        "system_prompt": system_prompt,
-                        "tools_json": tools_json,
                     },
                 }
             )

@@ -109,8 +109,9 @@ if [[ -n "$API_KEY" ]]; then
 fi
 
 deadline=$((SECONDS + HEALTH_TIMEOUT))
-until curl -sf "http://$CHECK_HOST:$PORT/health" >/dev/null 2>&1 \
-        && curl -sf "${AUTH[@]+"${AUTH[@]}"}" "http://$CHECK_HOST:$PORT/v1/models" >/dev/null 2>&1; do
+# --noproxy '*': this checks our own server; an HTTP(S)_PROXY of the cluster must not be in the way
+until curl -sf --noproxy '*' "http://$CHECK_HOST:$PORT/health" >/dev/null 2>&1 \
+        && curl -sf --noproxy '*' "${AUTH[@]+"${AUTH[@]}"}" "http://$CHECK_HOST:$PORT/v1/models" >/dev/null 2>&1; do
     if ! kill -0 "$SERVER_PID" 2>/dev/null; then
         wait "$SERVER_PID" && status=0 || status=$?
         die "vllm exited with status $status before becoming healthy"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import multiprocessing
 import os
@@ -277,7 +278,55 @@ def test_a_broken_cache_is_counted_not_raised(tmp_path: Path) -> None:
     path = tmp_path / "broken.sqlite"
     inner = CountingAnnotator()
     cached = CachedAnnotator(inner, path)
-    sqlite3.connect(path, isolation_level=None).execute("DROP TABLE graphs")  # someone broke the file
+    # someone broke the file; a view, since a worker thread's new connection would recreate a
+    # dropped table (CREATE TABLE IF NOT EXISTS) and heal the cache
+    broken = sqlite3.connect(path, isolation_level=None)
+    broken.execute("DROP TABLE graphs")
+    broken.execute("CREATE VIEW graphs AS SELECT 1 AS key")
+    broken.close()
     result = cached.annotate([trajectory()])[0]
     assert result.source == "counting" and not result.cached and inner.calls == 1
     assert cached.cache.errors == 2  # the failed lookup and the failed store
+
+
+class GatedAnnotator(CountingAnnotator):
+    """Counts calls and waits for ``gate`` (so that two annotations overlap)."""
+
+    def __init__(self, fail_on: str = "") -> None:
+        super().__init__(fail_on)
+        self.gate: asyncio.Event | None = None
+
+    async def annotate_one(self, trajectory: Trajectory) -> AnnotationResult:
+        assert self.gate is not None
+        await self.gate.wait()
+        return await super().annotate_one(trajectory)
+
+
+def _two_at_once(cached: CachedAnnotator, inner: GatedAnnotator) -> list[AnnotationResult]:
+    async def go() -> list[AnnotationResult]:
+        inner.gate = asyncio.Event()
+        tasks = [asyncio.ensure_future(cached.annotate_one(trajectory(trajectory_id=i))) for i in ("a", "b")]
+        while cached.cache.misses < 2:  # both looked the transcript up (off the loop) and missed
+            await asyncio.sleep(0.001)
+        inner.gate.set()
+        return list(await asyncio.gather(*tasks))
+
+    return asyncio.run(go())
+
+
+def test_the_same_transcript_in_flight_twice_is_annotated_once(tmp_path: Path) -> None:
+    inner = GatedAnnotator()
+    cached = CachedAnnotator(inner, tmp_path / "c.sqlite")
+    first, second = _two_at_once(cached, inner)
+    # whichever lookup came back first annotates; the other shares its result
+    assert inner.calls == 1 and sorted([first.cached, second.cached]) == [False, True]
+    assert second.graph == first.graph and first.source == second.source == "counting"
+    assert cached.cache.joined == 1 and cached.cache.writes == 1
+
+
+def test_a_shared_annotation_that_falls_back_is_redone(tmp_path: Path) -> None:
+    inner = GatedAnnotator(fail_on="refund")
+    cached = CachedAnnotator(inner, tmp_path / "c.sqlite")
+    first, second = _two_at_once(cached, inner)
+    assert inner.calls == 2 and first.fallback and second.fallback and not second.cached
+    assert cached.cache.joined == 0 and len(cached.cache) == 0

@@ -542,3 +542,33 @@ def test_bench_script_reports_a_table(capsys: pytest.CaptureFixture[str]) -> Non
     rows = [line for line in out.splitlines() if line.startswith("| 1 |") or line.startswith("| 4 |")]
     assert len(rows) == 2 and all(row.endswith("| 0 |") for row in rows)  # no failed requests
     assert "µs per trajectory" in out
+
+
+# -- proxies -----------------------------------------------------------------------------------
+def set_dead_proxy(monkeypatch: pytest.MonkeyPatch) -> str:
+    """Point every proxy variable at a closed port (a cluster job's environment for the outside world)."""
+    proxy = f"http://127.0.0.1:{unused_port()}"
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+        monkeypatch.setenv(name, proxy)
+        monkeypatch.setenv(name.lower(), proxy)
+    return proxy
+
+
+def test_proxy_variables_do_not_reroute_the_annotator(
+    stub_server: OpenAIStubServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    set_dead_proxy(monkeypatch)
+    stub_server.script(Reply.json(REFUND_GRAPH))
+    llm = make_llm(stub_server, max_retries=0)
+    assert annotate(llm).source == "llm" and llm.stats.failures == {}
+    assert [r.path for r in stub_server.requests] == ["/v1/models", "/v1/chat/completions"]  # both direct
+
+
+def test_trust_env_opts_in_to_the_proxy(stub_server: OpenAIStubServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    set_dead_proxy(monkeypatch)
+    stub_server.script(Reply.json(REFUND_GRAPH))
+    llm = make_llm(stub_server, max_retries=0, trust_env=True)
+    result = annotate(llm)
+    # every request went to the (dead) proxy: refused, counted, the rules' graph instead
+    assert result.source == "fallback:rules" and llm.stats.failures == {"connect": 1}
+    assert stub_server.requests == []

@@ -11,7 +11,12 @@ from verl_credit.annotate.base import AnnotationResult, AnnotationStats
 from verl_credit.call_graph import CallGraph
 from verl_credit.config import CreditConfig
 from verl_credit.graph import GraphValidation, InfluenceGraph, validate_graph
-from verl_credit.metrics import compute_credit_metrics, count_redundant_tool_calls
+from verl_credit.metrics import (
+    DESIGN_METRICS,
+    compute_credit_metrics,
+    count_redundant_tool_calls,
+    zero_variance_group_share,
+)
 from verl_credit.routing import compute_batch_credit
 from verl_credit.trajectory import Trajectory
 
@@ -49,9 +54,10 @@ def test_metrics_hand_example() -> None:
         torch.tensor([1.0, 0.0]), ["g", "g"], [[1, 1, 2], [3, 3]], CreditConfig(), graphs=graphs
     )
     stats = AnnotationStats()
-    stats.add(AnnotationResult(graph, GraphValidation(repaired_edges=2), "rules", cached=True))
+    stats.add(AnnotationResult(graph, GraphValidation(repaired_edges=2), "llm", cached=True, prompt_truncated=True))
     stats.add(AnnotationResult(InfluenceGraph.uniform(2), GraphValidation(fallback=True), "fallback:uniform"))
     metrics = compute_credit_metrics(credit, stats, graphs=graphs)
+    assert metrics["credit/truncated_prompts"] == 1.0  # the LLM prompt was cut to fit the context
     assert metrics["credit/fallback_rate"] == 0.5
     assert metrics["credit/repaired_edges"] == 2.0
     assert metrics["credit/cache_hit_rate"] == 0.5
@@ -87,3 +93,24 @@ def test_reward_hacking_rate_from_call_graphs() -> None:
         ]
         == 0.0
     )
+
+
+def test_zero_variance_group_share() -> None:
+    # g1 all equal (no gradient), g2 mixed, g3 a single session (A = R: not flat), g4 all zero
+    rewards = torch.tensor([1.0, 1.0, 1.0, 0.0, 1.0, 0.5, 0.0, 0.0])
+    groups = ["g1", "g1", "g1", "g2", "g2", "g3", "g4", "g4"]
+    assert zero_variance_group_share(rewards, groups) == 0.5
+    assert zero_variance_group_share([], []) == 0.0
+    with pytest.raises(ValueError, match="2 rewards for 1 group ids"):
+        zero_variance_group_share([1.0, 1.0], ["g"])
+
+
+def test_zero_adv_groups_metric_matches_the_advantages() -> None:
+    rewards = torch.tensor([1.0, 1.0, 0.0, 1.0])
+    groups = ["a", "a", "b", "b"]
+    credit = compute_batch_credit(rewards, groups, [[2], [2], [2], [2]], CreditConfig(estimator="grpo"))
+    metrics = compute_credit_metrics(credit, rewards=rewards, groups=groups)
+    assert metrics["credit/zero_adv_groups"] == 0.5
+    assert credit.trajectory_advantage[:2].abs().max() == 0.0 and credit.trajectory_advantage[2:].abs().min() > 0
+    assert "credit/zero_adv_groups" in DESIGN_METRICS
+    assert "credit/zero_adv_groups" not in compute_credit_metrics(credit, rewards=rewards)  # needs the groups

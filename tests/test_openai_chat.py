@@ -14,6 +14,8 @@ from verl_credit.envs.base import UserTurn
 from verl_credit.openai_chat import (
     ChatCompletionError,
     first_message,
+    make_async_client,
+    make_client,
     message_content,
     parse_retry_after,
     post_chat_completion,
@@ -184,3 +186,35 @@ def test_message_helpers_reject_replies_without_a_message() -> None:
         message_content({"choices": [{"message": {"role": "assistant"}}]})
     with pytest.raises(ChatCompletionError, match="not text"):
         message_content({"choices": [{"message": {"content": [{"type": "text"}]}}]})
+
+
+def _dead_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    proxy = f"http://127.0.0.1:{unused_port()}"
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+        monkeypatch.setenv(name, proxy)
+        monkeypatch.setenv(name.lower(), proxy)
+
+
+@pytest.mark.timeout(30)
+def test_clients_ignore_proxy_variables_unless_asked(
+    stub_server: OpenAIStubServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _dead_proxy(monkeypatch)
+    url = stub_server.base_url + "/chat/completions"
+    stub_server.script(Reply.completion("async"), Reply.completion("sync"))
+
+    async def go(trust_env: bool) -> dict:
+        async with make_async_client(timeout=5.0, trust_env=trust_env) as client:
+            return await post_chat_completion(client, url, BODY, max_retries=0, backoff_s=0.0)
+
+    assert message_content(asyncio.run(go(False))) == "async"
+    with make_client(timeout=5.0, headers={"Authorization": "Bearer k"}) as client:
+        assert message_content(post_chat_completion_sync(client, url, BODY, max_retries=0, backoff_s=0.0)) == "sync"
+    assert stub_server.chat_requests[1].headers["authorization"] == "Bearer k"
+    # trust_env=True: the requests go to the proxy (dead here), not to the local server
+    with pytest.raises(ChatCompletionError) as caught:
+        asyncio.run(go(True))
+    assert caught.value.kind == "transport"
+    with make_client(timeout=5.0, trust_env=True) as client, pytest.raises(ChatCompletionError):
+        post_chat_completion_sync(client, url, BODY, max_retries=0, backoff_s=0.0)
+    assert len(stub_server.chat_requests) == 2

@@ -171,6 +171,8 @@ def assert_paper_setup(cfg: Any) -> None:
     assert rollout.multi_turn.enable and rollout.multi_turn.max_assistant_turns == 30
     assert rollout.multi_turn.max_user_turns == 30 and cfg.credit.user.max_turns == 30
     assert rollout.multi_turn.max_tool_response_length >= 8192  # verl's default 256 chars would cut tau2 results
+    assert rollout.multi_turn.max_parallel_calls == 16  # verl's default 1 runs only a turn's first tool call
+    assert list(cfg.trainer.logger) == ["console"]  # wandb is opt-in (LOGGER)
     assert rollout.agent.default_agent_loop == "credit_agent"
     assert cfg.data.apply_chat_template_kwargs.enable_thinking is False
     assert cfg.actor_rollout_ref.actor.strategy == "fsdp" and cfg.actor_rollout_ref.ref.strategy == "fsdp"
@@ -209,6 +211,11 @@ def test_tau2_recipes_compose_to_the_paper_setup(tmp_path_factory: pytest.TempPa
             if annotator == "llm":
                 assert settings.annotator.model == "Qwen/Qwen3-32B"
                 assert settings.annotator.base_urls == ("http://annot:8001/v1",)
+        if annotator == "llm":  # the cache is on node-local disk, not next to the (often NFS) checkpoints
+            experiment = cfg.trainer.experiment_name
+            assert settings.annotator.cache_path == f"/tmp/verl_credit/verl_credit_tau2/{experiment}/graphs.sqlite"
+            assert not settings.annotator.cache_path.startswith(cfg.trainer.default_local_dir)
+            assert settings.annotator.in_rollout and not settings.annotator.in_validation
         if neg_route == "projected":
             assert settings.credit.iapo.beta_minus == 0.05
 
@@ -246,6 +253,41 @@ def test_user_overrides_win_and_knobs_apply(tmp_path: Path, shim: Path) -> None:
     assert cfg.data.train_files == "/data/t2/train.parquet"
 
 
+def test_cluster_knobs_cache_dir_logger_parallel_calls(tmp_path: Path, shim: Path) -> None:
+    """CACHE_DIR / TMPDIR place the annotation cache, LOGGER opts in to wandb, MAX_PARALLEL_CALLS is
+    verl's max_parallel_calls; and validate() (what python -m verl_credit.main runs before Ray) refuses a
+    cache on a network filesystem shared by several nodes, but takes one file per node."""
+    from verl_credit.verl.main import validate
+
+    cfg, _ = dry_run_config("iapo/qwen3_8b_tau2.sh", tmp_path, shim, TMPDIR="/scratch/job7")
+    assert (
+        cfg.credit.annotator.cache_path == "/scratch/job7/verl_credit/verl_credit_tau2/iapo_qwen3_8b_tau2/graphs.sqlite"
+    )
+    (tmp_path / "args.jsonl").unlink()
+    cfg, _ = dry_run_config(
+        "iapo/qwen3_8b_tau2.sh",
+        tmp_path,
+        shim,
+        CACHE_DIR="/nfs/cache/{hostname}/",
+        NNODES="2",
+        LOGGER='["console","wandb"]',
+        MAX_PARALLEL_CALLS="4",
+    )
+    assert cfg.credit.annotator.cache_path == "/nfs/cache/{hostname}/graphs.sqlite"
+    assert list(cfg.trainer.logger) == ["console", "wandb"]
+    assert cfg.actor_rollout_ref.rollout.multi_turn.max_parallel_calls == 4
+    mounts = tmp_path / "mounts"
+    mounts.write_text("/dev/vda1 / ext4 rw 0 0\nsrv:/export /nfs nfs4 rw 0 0\n")
+    settings = validate(cfg, environ={"WANDB_API_KEY": "k"}, mounts_path=mounts)  # one file per node: accepted
+    assert "{hostname}" not in settings.annotator.cache_path
+    with pytest.raises(ValueError, match="includes wandb"):  # ... but wandb needs credentials
+        validate(cfg, environ={"HOME": str(tmp_path)}, mounts_path=mounts)
+    (tmp_path / "args.jsonl").unlink()
+    cfg, _ = dry_run_config("iapo/qwen3_8b_tau2.sh", tmp_path, shim, CACHE_DIR="/nfs/cache", NNODES="2")
+    with pytest.raises(ValueError, match=r"credit\.annotator\.cache_path='/nfs/cache/graphs\.sqlite' is on a network"):
+        validate(cfg, environ={}, mounts_path=mounts)
+
+
 @pytest.mark.timeout(300)
 def test_real_dry_run_prints_the_same_config_and_stops_before_ray(tmp_path: Path, shim: Path) -> None:
     _, overrides = dry_run_config("iapo/qwen3_8b_tau2.sh", tmp_path, shim)
@@ -266,6 +308,8 @@ def test_real_dry_run_prints_the_same_config_and_stops_before_ray(tmp_path: Path
         ({"DRY_RUN": "1", "NEG_ROUTE": "bogus"}, "NEG_ROUTE must be error|support|projected"),
         ({"DRY_RUN": "1", "ROLLOUT_N": "sixteen"}, "ROLLOUT_N must be a positive integer"),
         ({"DRY_RUN": "1", "MAX_TURNS": "0"}, "MAX_TURNS must be a positive integer"),
+        ({"DRY_RUN": "1", "MAX_PARALLEL_CALLS": "0"}, "MAX_PARALLEL_CALLS must be a positive integer"),
+        ({"DRY_RUN": "1", "ENDPOINT_USE_PROXY": "yes"}, "ENDPOINT_USE_PROXY must be 0 or 1"),
     ],
 )
 def test_bad_knobs_are_rejected(tmp_path: Path, shim: Path, env: dict[str, str], message: str) -> None:
@@ -287,9 +331,27 @@ def test_real_run_checks_data_and_endpoints_before_launching(tmp_path: Path, shi
     result = run_recipe("iapo/qwen3_8b_tau2.sh", tmp_path, str(shim), DATA_DIR=str(data), ANNOTATOR_BASE_URL=dead)
     assert result.returncode == 2 and f"annotator endpoint {dead} does not answer" in result.stderr
     assert recorded_args(tmp_path) == []
+    # a proxy that answers nothing: the checks go direct unless ENDPOINT_USE_PROXY=1
+    proxies = {name: f"http://127.0.0.1:{unused_port()}" for name in ("http_proxy", "https_proxy", "HTTPS_PROXY")}
     with OpenAIStubServer() as server:
         result = run_recipe(
-            "iapo/qwen3_8b_tau2.sh", tmp_path, str(shim), DATA_DIR=str(data), ANNOTATOR_BASE_URL=server.base_url
+            "iapo/qwen3_8b_tau2.sh",
+            tmp_path,
+            str(shim),
+            DATA_DIR=str(data),
+            ANNOTATOR_BASE_URL=server.base_url,
+            ENDPOINT_USE_PROXY="1",
+            **proxies,
+        )
+        assert result.returncode == 2 and f"annotator endpoint {server.base_url} does not answer" in result.stderr
+        assert server.requests == [] and recorded_args(tmp_path) == []
+        result = run_recipe(
+            "iapo/qwen3_8b_tau2.sh",
+            tmp_path,
+            str(shim),
+            DATA_DIR=str(data),
+            ANNOTATOR_BASE_URL=server.base_url,
+            **proxies,
         )
         assert result.returncode == 0, result.stderr[-2000:]
         assert [r.path for r in server.requests] == ["/v1/models", "/v1/models"]  # annotator, then user
@@ -313,19 +375,50 @@ def test_call_credit_recipes_compose_and_prepare_coding_data(
         assert rollout.n == 16 and rollout.name == "vllm" and rollout.multi_turn.max_assistant_turns == 30
         assert cfg.actor_rollout_ref.actor.strategy == "fsdp" and cfg.trainer.n_gpus_per_node == 8
         assert cfg.data.apply_chat_template_kwargs.enable_thinking is False
-    # a real run writes the data once (one row per shipped coding task), then launches
+        assert settings.env.options["jail"] == "namespace"  # fails closed: never auto's silent fallback
+        assert rollout.multi_turn.max_parallel_calls == 16
+    # a real run probes the namespace jail before launching, and writes the data once (one row per
+    # shipped coding task), then launches
     import pandas as pd
 
     from verl_credit.envs.coding import list_tasks
+    from verl_credit.envs.coding.jail import namespace_jail_available
 
     tmp_path = tmp_path_factory.mktemp("coding_real")
     result = run_recipe("call_credit/qwen3_8b_coding.sh", tmp_path, str(shim), DATA_DIR=str(tmp_path / "coding"))
+    if not namespace_jail_available():  # this machine has no user namespaces: the recipe stops before Ray
+        assert result.returncode == 2 and "namespace jail" in result.stderr and "seccomp=unconfined" in result.stderr
+        assert recorded_args(tmp_path) == []
+        result = run_recipe(
+            "call_credit/qwen3_8b_coding.sh", tmp_path, str(shim), DATA_DIR=str(tmp_path / "coding"), JAIL="fallback"
+        )
     assert result.returncode == 0, result.stderr[-2000:]
     frame = pd.read_parquet(tmp_path / "coding" / "train.parquet")
     assert [info["task"] for info in frame["extra_info"]] == list_tasks()
     assert set(info["env"] for info in frame["extra_info"]) == {"coding"}
     (argv,) = recorded_args(tmp_path)
     assert f"data.train_files={tmp_path}/coding/train.parquet" in argv
+
+
+@pytest.mark.parametrize(("jail", "message"), [("auto", "JAIL=auto may silently run"), ("chroot", "JAIL must be")])
+def test_coding_recipe_refuses_a_jail_that_can_fail_open(tmp_path: Path, shim: Path, jail: str, message: str) -> None:
+    result = run_recipe("call_credit/qwen3_8b_coding.sh", tmp_path, str(shim), DRY_RUN="1", JAIL=jail)
+    assert result.returncode == 2 and message in result.stderr
+    assert recorded_args(tmp_path) == []
+
+
+def test_coding_recipe_header_names_the_docker_flags_of_the_namespace_jail() -> None:
+    header = (RECIPES / "call_credit/qwen3_8b_coding.sh").read_text().split("set -xeuo pipefail")[0]
+    for flag in (
+        "--security-opt seccomp=unconfined",
+        "--security-opt apparmor=unconfined",
+        "--security-opt systempaths=unconfined",
+        "--privileged",
+        "kernel.unprivileged_userns_clone=1",
+        "user.max_user_namespaces",
+        "namespace_jail_available",
+    ):
+        assert flag in header, flag
 
 
 # -- evaluation: recipe, runner CLI, pass^k ---------------------------------------------------------
@@ -350,12 +443,32 @@ def test_eval_recipe_dry_run_plans_the_test_split_with_4_trials(tmp_path: Path) 
     assert plan["tasks_per_domain"] == {"airline": 20, "retail": 40, "telecom": 40}
     assert plan["trials"] == 4 and plan["episodes"] == 400 and plan["max_turns"] == 30
     assert plan["policy"]["temperature"] == 0.0 and plan["user"]["model"] == "Qwen/Qwen3-32B"
+    assert plan["max_parallel_calls"] == 16  # as the training recipes (verl's default 1 drops parallel calls)
     assert not out_dir.exists()  # a dry run writes nothing
+    result = run_recipe(
+        "eval/tau2_eval.sh", tmp_path, sys.executable, DRY_RUN="1", CKPT=str(ckpt), MAX_PARALLEL_CALLS="3"
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1])["max_parallel_calls"] == 3
+    assert "--trust-env" not in result.stderr  # set -x trace: proxies are ignored unless ENDPOINT_USE_PROXY=1
+    result = run_recipe(
+        "eval/tau2_eval.sh", tmp_path, sys.executable, DRY_RUN="1", CKPT=str(ckpt), ENDPOINT_USE_PROXY="1"
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "--trust-env" in result.stderr
 
 
 def test_eval_recipe_needs_a_checkpoint(tmp_path: Path) -> None:
     result = run_recipe("eval/tau2_eval.sh", tmp_path, sys.executable, DRY_RUN="1")
     assert result.returncode != 0 and "set CKPT" in result.stderr
+    for knob, value, message in (
+        ("MAX_PARALLEL_CALLS", "0", "MAX_PARALLEL_CALLS must be a positive integer"),
+        ("ENDPOINT_USE_PROXY", "2", "ENDPOINT_USE_PROXY must be 0 or 1"),
+    ):
+        result = run_recipe(
+            "eval/tau2_eval.sh", tmp_path, sys.executable, DRY_RUN="1", CKPT="Qwen/Qwen3-8B", **{knob: value}
+        )
+        assert result.returncode == 2 and message in result.stderr
 
 
 def test_pass_hat_k_hand_computed() -> None:

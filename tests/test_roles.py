@@ -288,6 +288,27 @@ def test_llm_role_classifier_over_the_wire(stub_server) -> None:
         assert classifier.classify(_description()) == IG
     finally:
         classifier.close()
+
     requests = stub_server.chat_requests
     assert len(requests) == 2 and requests[1].json["temperature"] == 0
     assert requests[1].json["response_format"]["type"] == "json_schema"
+
+
+@pytest.mark.timeout(30)
+def test_llm_role_classifier_ignores_proxy_variables(stub_server, monkeypatch) -> None:
+    """An in-cluster endpoint: HTTP(S)_PROXY (a dead port here) is not used unless trust_env."""
+    from openai_stub_server import Reply, unused_port
+
+    proxy = f"http://127.0.0.1:{unused_port()}"
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.setenv(name, proxy)
+    stub_server.script(Reply.json({"role": "AE"}))
+    direct = OpenAIRoleClassifier(stub_server.base_url, "stub-model", timeout=5.0, max_retries=0)
+    proxied = OpenAIRoleClassifier(stub_server.base_url, "stub-model", timeout=5.0, max_retries=0, trust_env=True)
+    try:
+        assert direct.classify(_description()) == AE
+        assert proxied.classify(_description()) is None and proxied.failures == 1
+    finally:
+        direct.close()
+        proxied.close()
+    assert len(stub_server.chat_requests) == 1  # the proxied request never reached the server

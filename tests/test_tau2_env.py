@@ -618,3 +618,74 @@ def test_credit_agent_loop_plays_a_tau2_episode(stub_server: OpenAIStubServer, m
     # the simulated user saw the agent's refusal as its last (flipped) message
     last_request = stub_server.chat_requests[-1].json
     assert last_request["messages"][-1] == {"role": "user", "content": plans[1]}
+
+
+# -- a simulated user whose reply arrives in reasoning_content (vLLM reasoning parser) ---------------
+
+
+@pytest.mark.timeout(120)
+def test_user_reply_in_reasoning_content_is_used_and_counted(stub_server: OpenAIStubServer) -> None:
+    """Qwen3 behind vLLM's reasoning parser: the answer in ``reasoning_content`` / ``reasoning``,
+    ``content`` empty. The text (``<think>`` removed) is the user's message; a real ``content`` wins."""
+    task_id = load_split("airline", "train")[0].id
+    stub_server.script(
+        Reply.completion(None, reasoning_content="<think>I should greet.</think>\nHi, I want to cancel a trip."),
+        Reply.completion("", reasoning="My user id is raj_sanchez_7340."),
+        Reply.completion("It is reservation ABC123.", reasoning_content="thinking about the id"),
+        Reply.completion(None, reasoning_content="Thanks, that is all. ###STOP###"),
+    )
+
+    async def play() -> tuple[list[Any], Tau2Environment]:
+        env = Tau2Environment(user={"base_urls": [stub_server.base_url], "model": "m"})
+        try:
+            start = await env.start({"domain": "airline", "task_id": task_id})
+            turns = [start.first_user_message]
+            for question in ("What is your user id?", "Which reservation?", "Done, it is cancelled."):
+                turns.append(await env.user_turn([{"role": "assistant", "content": question}]))
+            return turns, env
+        finally:
+            await env.close()
+
+    (first, second, third, last), env = asyncio.run(play())
+    assert first == "Hi, I want to cancel a trip."
+    assert (second.content, second.done) == ("My user id is raj_sanchez_7340.", False)
+    assert (third.content, third.done) == ("It is reservation ABC123.", False)  # content non-empty: used as is
+    assert last.done and env.termination == "user_stop"  # the stop token was in the reasoning text
+    assert env.user_reasoning_fallbacks == 3
+    # the simulator's own history holds the recovered text: the next request showed it to the model
+    history = stub_server.chat_requests[1].json["messages"]
+    assert history[-2] == {"role": "assistant", "content": "Hi, I want to cancel a trip."}
+
+
+def test_reply_text_prefers_content_and_strips_thinking() -> None:
+    from verl_credit.openai_chat import reply_text, strip_thinking
+
+    assert reply_text({"content": "<think>x</think> Yes.", "reasoning_content": "r"}).text == "Yes."
+    fallback = reply_text({"content": "  ", "reasoning_content": "plan</think>Answer."})
+    assert (fallback.text, fallback.from_reasoning) == ("Answer.", True)
+    assert reply_text({"content": None, "reasoning": "<think>only thinking</think>"}).text == ""
+    assert strip_thinking("Sure.<think>unfinished") == "Sure."
+
+
+@pytest.mark.timeout(60)
+def test_user_simulator_client_ignores_proxy_variables_unless_asked(
+    stub_server: OpenAIStubServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from openai_stub_server import unused_port
+
+    dead_proxy = f"http://127.0.0.1:{unused_port()}"
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+        monkeypatch.setenv(name, dead_proxy)
+    task_id = load_split("airline", "train")[0].id
+
+    async def first_message(**user: Any) -> str:
+        env = Tau2Environment(user={"base_urls": [stub_server.base_url], "model": "m", "max_retries": 0, **user})
+        try:
+            return (await env.start({"domain": "airline", "task_id": task_id})).first_user_message
+        finally:
+            await env.close()
+
+    stub_server.script(Reply.completion("Hello."))
+    assert asyncio.run(first_message()) == "Hello."  # straight to the in-cluster endpoint
+    with pytest.raises(UserSimulatorError, match="failed after 1 attempts"):
+        asyncio.run(first_message(trust_env=True))  # opted in: the (dead) proxy is used

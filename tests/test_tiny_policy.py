@@ -12,9 +12,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -175,19 +173,13 @@ def test_assistant_mask_covers_exactly_the_assistant_messages(tokenizer, episode
     assert labels[0].tolist() == [i if m else -100 for i, m in zip(ids, mask, strict=True)]
 
 
-def test_agent_tools_are_verls_model_dump():
-    spec = importlib.util.find_spec("verl")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("verl is not installed")
-    path = Path(next(iter(spec.submodule_search_locations))) / "tools" / "schemas.py"
-    module_spec = importlib.util.spec_from_file_location("_verl_tool_schemas", path)
-    schemas = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(schemas)  # pydantic models only; importing verl itself takes ~10 s
-    dumped = [
-        schemas.OpenAIFunctionToolSchema.model_validate(s).model_dump(exclude_unset=True, exclude_none=True)
-        for s in TOOL_SCHEMAS
-    ]
-    assert json.dumps(tp.AGENT_TOOLS) == json.dumps(dumped)  # same keys in the same order
+def test_agent_tools_are_what_the_agent_loop_renders():
+    """The warm-start renders the tools exactly as ``credit_agent`` hands them to the chat template."""
+    pytest.importorskip("verl")
+    from verl_credit.verl.agent_loop import EnvironmentTool, prompt_tool_schema
+
+    rendered = [prompt_tool_schema(EnvironmentTool(schema)) for schema in TOOL_SCHEMAS]
+    assert json.dumps(tp.AGENT_TOOLS) == json.dumps(rendered)  # same keys in the same order
 
 
 def test_warm_start_lowers_the_assistant_loss(tokenizer, episodes):

@@ -12,12 +12,16 @@ Definitions:
   roles: the call_credit estimator has them; for iapo pass ``call_graphs`` to get it).
 * ``tool_call_redundancy``: mean, over trajectories, of tool calls that repeat an earlier call of
   the same trajectory with identical name and arguments.
+* ``zero_adv_groups``: share of GRPO groups (sessions sharing a ``uid``) of at least two sessions
+  whose scores are all equal, so every advantage of the group is 0 and it gives no gradient
+  (a group of one has ``A = R``, verl's rule). Early in training, and on tasks the policy always
+  or never solves, this is high; ``algorithm.filter_groups`` (DAPO) drops such groups.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
 import torch
 
@@ -34,6 +38,7 @@ __all__ = [
     "compute_credit_metrics",
     "count_redundant_tool_calls",
     "weight_spread",
+    "zero_variance_group_share",
 ]
 
 #: DESIGN.md section 6: the metrics the trainer logs every step
@@ -51,6 +56,7 @@ DESIGN_METRICS: tuple[str, ...] = (
     "credit/error_rate",
     "credit/reward_hacking_rate",
     "credit/tool_call_redundancy",
+    "credit/zero_adv_groups",
 )
 #: the ones defined on influence graphs (logged by estimators that route with them: iapo)
 INFLUENCE_GRAPH_METRICS: tuple[str, ...] = ("credit/edges_per_action", "credit/error_rate")
@@ -68,6 +74,21 @@ def weight_spread(weight: torch.Tensor, selected: torch.Tensor) -> dict[str, flo
         "frac_dev10": float(((values - 1.0).abs() > 0.1).double().mean()),
         "count": float(values.numel()),
     }
+
+
+def zero_variance_group_share(rewards: torch.Tensor | Sequence[float], groups: Sequence[Hashable]) -> float:
+    """Share of groups (``groups[i]``: group of trajectory ``i``) of two or more trajectories whose
+    rewards are all equal; 0.0 for no groups."""
+    values = [float(r) for r in (rewards.tolist() if isinstance(rewards, torch.Tensor) else rewards)]
+    if len(values) != len(groups):
+        raise ValueError(f"{len(values)} rewards for {len(groups)} group ids")
+    members: dict[Hashable, list[float]] = {}
+    for group, value in zip(groups, values, strict=True):
+        members.setdefault(group, []).append(value)
+    if not members:
+        return 0.0
+    flat = sum(1 for scores in members.values() if len(scores) > 1 and min(scores) == max(scores))
+    return flat / len(members)
 
 
 def count_redundant_tool_calls(trajectory: Trajectory) -> int:
@@ -92,14 +113,17 @@ def compute_credit_metrics(
     graphs: Sequence[InfluenceGraph] | None = None,
     call_graphs: Sequence[CallGraph] | None = None,
     rewards: torch.Tensor | None = None,
+    groups: Sequence[Hashable] | None = None,
 ) -> dict[str, float]:
-    """DESIGN.md section 6 metrics for one batch (keys prefixed ``credit/``)."""
+    """DESIGN.md section 6 metrics for one batch (keys prefixed ``credit/``); ``zero_adv_groups``
+    needs ``rewards`` and ``groups`` (the GRPO group id of each trajectory)."""
     metrics: dict[str, float] = {}
     if stats is not None:
         metrics["credit/fallback_rate"] = stats.fallback_rate
         metrics["credit/repaired_edges"] = float(stats.repaired_edges)
         metrics["credit/annotate_seconds"] = stats.seconds
         metrics["credit/cache_hit_rate"] = stats.cache_hit_rate
+        metrics["credit/truncated_prompts"] = float(stats.truncated_prompts)
 
     has_tokens = credit.lengths > 0
     advantage = credit.trajectory_advantage.unsqueeze(-1)
@@ -127,6 +151,9 @@ def compute_credit_metrics(
             rewards.to(torch.float64), credit.action_advantage.to(torch.float64), credit.lengths, roles[0], roles[1]
         )
         metrics["credit/reward_hacking_rate"] = rate
+
+    if rewards is not None and groups is not None:
+        metrics["credit/zero_adv_groups"] = zero_variance_group_share(rewards, groups)
 
     if trajectories:
         metrics["credit/tool_call_redundancy"] = sum(count_redundant_tool_calls(t) for t in trajectories) / len(

@@ -13,26 +13,45 @@ Retry policy (attempt ``k`` = 1, 2, ... of ``max_retries`` retries):
 * final at once: any other non-2xx answer (400, 401, 404, 422, ...);
 * after the last attempt, or on a final answer, :class:`ChatCompletionError` is raised; its message
   starts with the URL.
+
+Proxies: the endpoints these clients talk to (vLLM servers, the simulated user's model) are
+cluster-local, while a cluster job's environment often carries ``HTTP_PROXY``/``HTTPS_PROXY`` for
+the outside world; an ``httpx`` client made with its default ``trust_env=True`` would send every
+request to that proxy. :func:`make_async_client` and :func:`make_client` make clients with
+``trust_env=False`` unless asked (``trust_env=True`` also honours ``NO_PROXY``, ``ALL_PROXY`` and
+``SSL_CERT_FILE``); callers that pass their own client to :func:`post_chat_completion` should make
+it with them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import email.utils
+import itertools
+import logging
+import math
+import re
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
 __all__ = [
     "ChatCompletionError",
+    "ReplyText",
     "first_message",
+    "log_reasoning_fallback",
+    "make_async_client",
+    "make_client",
     "message_content",
     "parse_retry_after",
     "post_chat_completion",
     "post_chat_completion_sync",
+    "reply_text",
     "retry_delay",
+    "strip_thinking",
 ]
 
 _RETRYABLE_STATUS = frozenset({408, 429})
@@ -52,6 +71,35 @@ class ChatCompletionError(RuntimeError):
         super().__init__(message)
         self.kind = kind
         self.status = status
+
+
+def make_async_client(
+    *,
+    timeout: float | httpx.Timeout | None = 60.0,
+    headers: Mapping[str, str] | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+    trust_env: bool = False,
+    **options: Any,
+) -> httpx.AsyncClient:
+    """An ``httpx.AsyncClient`` for a cluster-local OpenAI-compatible endpoint: proxy variables of
+    the environment are ignored unless ``trust_env`` (module docstring). ``options`` go to httpx."""
+    return httpx.AsyncClient(
+        timeout=timeout, headers=dict(headers or {}), transport=transport, trust_env=trust_env, **options
+    )
+
+
+def make_client(
+    *,
+    timeout: float | httpx.Timeout | None = 60.0,
+    headers: Mapping[str, str] | None = None,
+    transport: httpx.BaseTransport | None = None,
+    trust_env: bool = False,
+    **options: Any,
+) -> httpx.Client:
+    """The blocking twin of :func:`make_async_client`."""
+    return httpx.Client(
+        timeout=timeout, headers=dict(headers or {}), transport=transport, trust_env=trust_env, **options
+    )
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
@@ -217,3 +265,58 @@ def message_content(response: Mapping[str, Any]) -> str:
     if not isinstance(content, str):
         raise ChatCompletionError(f"reply content is not text: {str(content)[:300]}", "no_message")
     return content
+
+
+logger = logging.getLogger(__name__)
+
+# -- the visible text of a reply (thinking models) ---------------------------------------------------
+
+_THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL)
+_REASONING_FALLBACKS = itertools.count(1)
+
+
+def strip_thinking(text: str) -> str:
+    """``text`` without thinking: ``<think>...</think>`` blocks, everything before a lone ``</think>``
+    (the chat template opened the block in the prompt) and an unclosed ``<think>`` to the end."""
+    text = _THINK_BLOCK.sub("", text)
+    if "</think>" in text:
+        text = text.rsplit("</think>", 1)[1]
+    if "<think>" in text:
+        text = text.split("<think>", 1)[0]
+    return text.strip()
+
+
+@dataclass(frozen=True)
+class ReplyText:
+    """The visible text of a chat-completions assistant message and where it came from."""
+
+    text: str
+    from_reasoning: bool = False
+
+
+def reply_text(message: Mapping[str, Any]) -> ReplyText:
+    """``content`` if it has text (thinking removed), else the text of ``reasoning_content`` /
+    ``reasoning`` (thinking tags removed), else ``""``."""
+    content = message.get("content")
+    text = strip_thinking(content) if isinstance(content, str) else ""
+    if text:
+        return ReplyText(text)
+    for key in ("reasoning_content", "reasoning"):
+        value = message.get(key)
+        if isinstance(value, str) and (reasoning := strip_thinking(value)):
+            return ReplyText(reasoning, from_reasoning=True)
+    return ReplyText("")
+
+
+def log_reasoning_fallback(source: str) -> int:
+    """Count one reply taken from the reasoning field (process-wide) and log it at 1, 10, 100, ...
+    occurrences, so a misconfigured endpoint is visible without one line per reply."""
+    count = next(_REASONING_FALLBACKS)
+    if math.log10(count).is_integer():
+        logger.warning(
+            "%s: reply had no content; used its reasoning text instead (%d such replies in this process). "
+            "Is the endpoint's reasoning parser on while thinking is off?",
+            source,
+            count,
+        )
+    return count

@@ -69,6 +69,7 @@ ARGS=(
     actor_rollout_ref.rollout.multi_turn.format=hermes
     actor_rollout_ref.rollout.multi_turn.max_assistant_turns="$MAX_TURNS"
     actor_rollout_ref.rollout.multi_turn.max_user_turns="$MAX_TURNS"
+    actor_rollout_ref.rollout.multi_turn.max_parallel_calls=16
     actor_rollout_ref.rollout.val_kwargs.n=1
     transfer_queue.backend.SimpleStorage.num_data_storage_units=1
     reward.num_workers=1

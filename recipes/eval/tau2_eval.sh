@@ -17,7 +17,10 @@
 #   DRY_RUN=1 CKPT=Qwen/Qwen3-8B bash recipes/eval/tau2_eval.sh      # print the plan, no GPU, no request
 # Knobs: CKPT, OUT_DIR, TRIALS [4], MAX_TURNS [30], SPLIT [test], DOMAINS, TEMPERATURE [0.0: tau2's default],
 # POLICY_TP [1], POLICY_GPUS [0], POLICY_PORT [8100], POLICY_BASE_URL, USER_BASE_URL, USER_MODEL [Qwen/Qwen3-32B],
-# POLICY_MODEL_NAME [policy] (with POLICY_BASE_URL), CONCURRENCY [32], MAX_MODEL_LEN [32768], PYTHON [python3], DRY_RUN [0].
+# POLICY_MODEL_NAME [policy] (with POLICY_BASE_URL), CONCURRENCY [32], MAX_MODEL_LEN [32768], PYTHON [python3], DRY_RUN [0],
+# MAX_PARALLEL_CALLS [16: tool calls executed per assistant turn, as the training recipes' verl
+# multi_turn.max_parallel_calls], ENDPOINT_USE_PROXY [0: the recipe's curl checks and the runner's HTTP clients go
+# direct (curl --noproxy '*'); 1: both honour HTTP(S)_PROXY / NO_PROXY (the runner's --trust-env)].
 set -xeuo pipefail
 
 PYTHON=${PYTHON:-python3}
@@ -25,6 +28,7 @@ DRY_RUN=${DRY_RUN:-0}
 CKPT=${CKPT:?set CKPT to a verl checkpoint (…/global_step_N/actor), a Hugging Face model directory or hub id}
 OUT_DIR=${OUT_DIR:-$HOME/eval/tau2/$(basename "$(dirname "$CKPT")")_$(basename "$CKPT")}
 TRIALS=${TRIALS:-4}
+MAX_PARALLEL_CALLS=${MAX_PARALLEL_CALLS:-16}
 MAX_TURNS=${MAX_TURNS:-30}
 SPLIT=${SPLIT:-test}
 DOMAINS=${DOMAINS:-airline,retail,telecom}
@@ -36,8 +40,16 @@ POLICY_PORT=${POLICY_PORT:-8100}
 MAX_MODEL_LEN=${MAX_MODEL_LEN:-32768}
 USER_BASE_URL=${USER_BASE_URL:-http://127.0.0.1:8000/v1}
 USER_MODEL=${USER_MODEL:-Qwen/Qwen3-32B}
+ENDPOINT_USE_PROXY=${ENDPOINT_USE_PROXY:-0}
 case "$DRY_RUN" in 0 | 1) ;; *) echo "DRY_RUN must be 0 or 1" >&2 && exit 2 ;; esac
-for knob in TRIALS MAX_TURNS CONCURRENCY POLICY_TP; do
+case "$ENDPOINT_USE_PROXY" in 0 | 1) ;; *) echo "ENDPOINT_USE_PROXY must be 0 or 1" >&2 && exit 2 ;; esac
+CURL=(curl -sf --noproxy '*')
+TRUST_ENV=()
+if [[ "$ENDPOINT_USE_PROXY" == 1 ]]; then
+    CURL=(curl -sf)
+    TRUST_ENV=(--trust-env)
+fi
+for knob in TRIALS MAX_TURNS CONCURRENCY POLICY_TP MAX_PARALLEL_CALLS; do
     case "${!knob}" in '' | *[!0-9]* | 0) echo "$knob must be a positive integer, got '${!knob}'" >&2 && exit 2 ;; esac
 done
 
@@ -68,11 +80,11 @@ if [[ -z "${POLICY_BASE_URL:-}" ]]; then
         SERVER_PID=$!
         trap 'kill "$SERVER_PID" 2>/dev/null || true' EXIT
         for _ in $(seq 1 180); do
-            curl -sf --max-time 5 "$POLICY_BASE_URL/models" >/dev/null && break
+            "${CURL[@]}" --max-time 5 "$POLICY_BASE_URL/models" >/dev/null && break
             kill -0 "$SERVER_PID" 2>/dev/null || { echo "vllm exited; see $OUT_DIR/vllm_policy.log" >&2; exit 1; }
             sleep 10
         done
-        curl -sf --max-time 5 "$POLICY_BASE_URL/models" >/dev/null || { echo "policy server not up after 30 min" >&2; exit 1; }
+        "${CURL[@]}" --max-time 5 "$POLICY_BASE_URL/models" >/dev/null || { echo "policy server not up after 30 min" >&2; exit 1; }
     fi
 else
     POLICY_MODEL=${POLICY_MODEL_NAME:-policy}
@@ -87,11 +99,12 @@ EVALUATE=(
     --policy-base-url "$POLICY_BASE_URL" --policy-model "$POLICY_MODEL" --temperature "$TEMPERATURE"
     "${USER_URLS[@]}" --user-model "$USER_MODEL"
     --split "$SPLIT" --domains "$DOMAINS" --trials "$TRIALS" --max-turns "$MAX_TURNS"
+    --max-parallel-calls "$MAX_PARALLEL_CALLS" "${TRUST_ENV[@]+"${TRUST_ENV[@]}"}"
     --concurrency "$CONCURRENCY" --out "$OUT_DIR/results.jsonl"
 )
 if [[ "$DRY_RUN" == 1 ]]; then
     "${EVALUATE[@]}" --dry-run "$@"
 else
-    curl -sf --max-time 10 "${user_urls[0]%/}/models" >/dev/null || { echo "user simulator ${user_urls[0]} does not answer" >&2; exit 2; }
+    "${CURL[@]}" --max-time 10 "${user_urls[0]%/}/models" >/dev/null || { echo "user simulator ${user_urls[0]} does not answer" >&2; exit 2; }
     "${EVALUATE[@]}" "$@"
 fi

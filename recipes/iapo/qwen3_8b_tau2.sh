@@ -44,7 +44,7 @@ CREDIT=(
     "credit.annotator.base_urls=$(hydra_list "$ANNOTATOR_BASE_URL")"
     "credit.annotator.model=$ANNOTATOR_MODEL"
     credit.annotator.in_rollout=True
-    credit.annotator.cache_path="$CKPT_DIR/graphs.sqlite"
+    "$(cache_path_override)" # node-local $CACHE_DIR, not $CKPT_DIR (often NFS; sqlite WAL needs one host)
 )
 
 require_endpoint "annotator" "$ANNOTATOR_BASE_URL"

@@ -218,6 +218,19 @@ def test_validation_ran_outside_the_credit_path(smoke: dict[str, Any]) -> None:
         assert all(p is not None and p.get("graph") is not None for p in record["payloads"])
 
 
+def test_training_prompts_show_the_full_tool_schemas(smoke: dict[str, Any]) -> None:
+    """The schemas the policy saw and the annotator checked against are the environment's own, in
+    full (verl's OpenAIFunctionToolSchema dump would drop additionalProperties, items, $defs ...),
+    and every session says how many parallel tool calls verl dropped (max_parallel_calls=16)."""
+    from verl_credit.envs.service.tools import TOOL_SCHEMAS
+
+    for run in ("grpo", "iapo", "call_credit"):
+        finals = [p for _, record in _dumps(_runs(smoke) / run) for p in record["payloads"] if p and p.get("final")]
+        assert finals, run
+        assert all(p["tools"] == TOOL_SCHEMAS for p in finals), run
+        assert all(isinstance(p["dropped_tool_calls"], int) for p in finals), run
+
+
 # -- tau2-bench inside real verl: one episode per domain, a scripted user behind a loopback server ----
 
 TAU2_DOMAINS = ("airline", "retail", "telecom")
@@ -336,6 +349,7 @@ def tau2_run(smoke: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) ->
 def test_tau2_episodes_train_inside_real_verl(tau2_run: dict[str, Any]) -> None:
     """tau2's real domains inside verl's fit(): the adapter opens each episode with the domain's policy
     and tools, runs the policy's tool calls against tau2's databases, and tau2 evaluates the reward."""
+    from verl_credit.envs.tau2.domains import agent_tool_schemas
     from verl_credit.verl.cpu.check import check_run
 
     log = (tau2_run["dir"] / "train.log").read_text() if (tau2_run["dir"] / "train.log").exists() else ""
@@ -349,6 +363,8 @@ def test_tau2_episodes_train_inside_real_verl(tau2_run: dict[str, Any]) -> None:
     tool_results = [m for p in payloads for m in p["messages"] if m["role"] == "tool"]
     assert tool_results, "no tool call of the policy reached a tau2 environment"
     assert all(p.get("graph") is not None for p in payloads)
+    full = {domain: agent_tool_schemas(domain) for domain in TAU2_DOMAINS}
+    assert all(p["tools"] in full.values() for p in payloads)  # the complete schemas ($defs, items ...)
     values = _metrics(tau2_run["dir"])[step]
     bad = [name for name in DESIGN_METRICS if not math.isfinite(float(values.get(name, math.nan)))]
     assert not bad, bad

@@ -18,8 +18,10 @@ from verl_helpers import (
     DEFAULT_PLANS,
     TOOL_PLAN,
     FixedGraphAnnotator,
+    SleepyAnnotator,
     TinyModelServer,
     compose_credit_config,
+    make_agent_loop,
     run_session,
 )
 
@@ -277,3 +279,220 @@ def test_call_credit_call_graph_built_in_the_loop(chatml_tokenizer, tiny_model, 
     graph = CallGraph.from_json(credit["call_graph"])
     assert graph.num_calls == credit["num_actions"] == 4
     assert set(graph.roles) <= {"IG", "AE", "RV"} and credit["annotation"]["source"] == "roles"
+
+
+# ---------------------------------------------------------------- cluster readiness (issue 11)
+
+NESTED_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "book",
+        "description": "Book a reservation.",
+        "parameters": {
+            "$defs": {
+                "Passenger": {
+                    "type": "object",
+                    "properties": {"first_name": {"type": "string"}, "dob": {"type": "string", "format": "date"}},
+                    "required": ["first_name"],
+                }
+            },
+            "type": "object",
+            "properties": {
+                "passengers": {"type": "array", "items": {"$ref": "#/$defs/Passenger"}},
+                "item_ids": {"type": "array", "items": {"type": "string"}},
+                "payment": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": None},
+                "flight": {"type": "object", "properties": {"number": {"type": "string"}}},
+            },
+            "required": ["passengers"],
+        },
+    },
+}
+
+
+def _nested_env_cls(orders_env_cls):
+    from verl_credit.envs.base import ENVIRONMENTS, EpisodeStart, register_environment
+
+    if "test_orders_nested" not in ENVIRONMENTS:
+
+        @register_environment("test_orders_nested")
+        class NestedOrdersEnv(orders_env_cls):
+            async def start(self, task):
+                start = await super().start(task)
+                return EpisodeStart(start.system_prompt, [*start.tools, NESTED_TOOL], start.first_user_message, {})
+
+    return ENVIRONMENTS["test_orders_nested"]
+
+
+@pytest.mark.timeout(120)
+def test_prompt_and_annotator_get_the_full_tool_schemas(chatml_tokenizer, tiny_model, orders_env_cls):
+    """verl's OpenAIFunctionToolSchema keeps only type/description/enum per property; the prompt
+    the policy sees and the schemas the annotator checks against must be the environment's own."""
+    import json
+
+    _nested_env_cls(orders_env_cls)
+    tok = chatml_tokenizer
+    server = TinyModelServer(tiny_model, tok, ["Done."])
+    config = _config("credit.env.name=test_orders_nested", "actor_rollout_ref.rollout.prompt_length=2048")
+    outputs, _ = asyncio.run(run_session(config, server, tok, "schema", 0, {"user_replies": [], "reward": 1.0}))
+    credit = outputs[0].extra_fields["credit"]
+    assert credit["tools"][1] == NESTED_TOOL
+    prompt = tok.decode(server.calls[0]["prompt_ids"])
+    for piece in ('"$ref": "#/$defs/Passenger"', '"anyOf"', '"format": "date"', '"items": {"type": "string"}'):
+        assert piece in prompt, piece
+    # exactly the chat template's rendering of the full schemas (what evaluation shows)
+    expected = tok.apply_chat_template(
+        [
+            {"role": "system", "content": "You are a support agent."},
+            {"role": "user", "content": "refund order #W12 please"},
+        ],
+        tools=credit["tools"],
+        add_generation_prompt=True,
+        tokenize=False,
+    )
+    assert prompt == expected and json.dumps(NESTED_TOOL["function"]["parameters"]["$defs"]) in prompt
+
+
+def test_tau2_schemas_reach_the_prompt_unchanged():
+    """All of tau2's agent tool schemas (airline's book_reservation with its $defs, retail's
+    item_ids arrays ...) survive EnvironmentTool; verl's schema dump would change them."""
+    pytest.importorskip("tau2")
+    from verl_credit.envs.tau2.domains import agent_tool_schemas
+    from verl_credit.verl.agent_loop import EnvironmentTool, prompt_tool_schema
+
+    schemas = [s for d in ("airline", "retail", "telecom") for s in agent_tool_schemas(d)]
+    tools = [EnvironmentTool(schema) for schema in schemas]
+    assert [prompt_tool_schema(tool) for tool in tools] == schemas
+    stripped = [t.tool_schema.model_dump(exclude_unset=True, exclude_none=True) for t in tools]
+    assert sum(a != b for a, b in zip(stripped, schemas, strict=True)) > 0  # the defect this guards against
+
+
+TWO_CALLS_PLAN = TOOL_PLAN + "\n" + TOOL_PLAN.replace("#W12", "#W99")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("max_parallel", "executed", "dropped"), [(1, 1, 1), (4, 2, 0)])
+def test_parallel_tool_calls_executed_or_counted(
+    chatml_tokenizer, tiny_model, orders_env_cls, max_parallel, executed, dropped
+):
+    """Two calls in one turn: verl runs the first max_parallel_calls; what it drops is counted."""
+    tok = chatml_tokenizer
+    server = TinyModelServer(tiny_model, tok, [TWO_CALLS_PLAN, "Done."])
+    config = _config(f"actor_rollout_ref.rollout.multi_turn.max_parallel_calls={max_parallel}")
+    outputs, _ = asyncio.run(run_session(config, server, tok, f"par{max_parallel}", 0, {"user_replies": []}))
+    credit = outputs[0].extra_fields["credit"]
+    assert credit["dropped_tool_calls"] == dropped
+    first = next(m for m in credit["messages"] if m["role"] == "assistant")
+    assert len(first["tool_calls"]) == executed
+    assert sum(1 for m in credit["messages"] if m["role"] == "tool") == executed
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("in_validation", [False, True])
+def test_validation_episodes_are_not_annotated(chatml_tokenizer, tiny_model, orders_env_cls, in_validation):
+    """Rows the credit trainer tags credit_validate skip annotation unless annotator.in_validation."""
+    server = TinyModelServer(tiny_model, chatml_tokenizer, DEFAULT_PLANS)
+    config = _config("credit.annotator.in_rollout=true", f"credit.annotator.in_validation={in_validation}")
+    kwargs = {
+        "raw_prompt": [{"role": "user", "content": "unused"}],
+        "extra_info": {"task": TASK},
+        "uid": "val",
+        "session_id": 0,
+        "credit_validate": True,
+    }
+
+    async def go():  # verl's agent loop binds to the running event loop
+        return await make_agent_loop(config, server, chatml_tokenizer).run({"temperature": 0.0}, **kwargs)
+
+    credit = asyncio.run(go()).extra_fields["credit"]
+    assert ("graph" in credit) is in_validation and credit.get("validation", False) is (not in_validation)
+    assert credit["messages"] and credit["num_actions"] == 4
+
+
+@pytest.mark.timeout(60)
+def test_annotation_deadline_marks_the_session(chatml_tokenizer, tiny_model, orders_env_cls, monkeypatch):
+    """An annotation slower than credit.annotator.deadline leaves the session marked (the trainer
+    gives it the fallback) instead of holding the episode."""
+    monkeypatch.setitem(ANNOTATORS, "test_sleepy", SleepyAnnotator)
+    server = TinyModelServer(tiny_model, chatml_tokenizer, DEFAULT_PLANS)
+    config = _config(
+        "credit.annotator.in_rollout=true", "credit.annotator.name=test_sleepy", "credit.annotator.deadline=0.05"
+    )
+    outputs, _ = asyncio.run(run_session(config, server, chatml_tokenizer, "late", 0, TASK))
+    credit = outputs[0].extra_fields["credit"]
+    assert credit["annotation_timeout"] is True and "graph" not in credit and "deadline" in credit["annotation_error"]
+
+
+@pytest.mark.timeout(60)
+def test_rule_annotation_and_call_roles_leave_the_event_loop_free(
+    chatml_tokenizer, tiny_model, orders_env_cls, monkeypatch
+):
+    """The rule annotator and the call classifier run in worker threads: while they are blocked,
+    another coroutine on the same loop runs (and is what unblocks them). On the loop, the wait
+    would block that coroutine and time out."""
+    import threading
+
+    import verl_credit.annotate.rules as rules
+    import verl_credit.verl.annotation as annotation
+
+    released = threading.Event()
+    blocked_on_loop: list[str] = []
+
+    def blocking(original, name):
+        def wrapper(*args, **kwargs):
+            if not released.wait(timeout=10):
+                blocked_on_loop.append(name)
+            return original(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(rules, "annotate_rules", blocking(rules.annotate_rules, "rules"))
+    monkeypatch.setattr(annotation, "build_call_graph", blocking(annotation.build_call_graph, "roles"))
+    server = TinyModelServer(tiny_model, chatml_tokenizer, DEFAULT_PLANS)
+    config = _config("credit.annotator.in_rollout=true", "credit.annotator.name=rules")
+
+    async def release_soon():
+        for _ in range(20):  # let the session reach its annotation first
+            await asyncio.sleep(0.05)
+        released.set()
+
+    async def go():
+        outputs, _ = (
+            await asyncio.gather(run_session(config, server, chatml_tokenizer, "free", 0, TASK), release_soon())
+        )[0]
+        return outputs
+
+    credit = asyncio.run(go())[0].extra_fields["credit"]
+    assert not blocked_on_loop and "graph" in credit and "call_graph" in credit
+
+
+@pytest.mark.timeout(60)
+def test_tool_turn_is_one_environment_step_and_the_env_can_end_it(chatml_tokenizer, tiny_model, orders_env_cls):
+    """The calls of one turn run inside the environment's tool step (tau2 counts one step per
+    message and fails the calls verl answered itself); an environment that ends the episode there
+    (tau2's max_errors) stops the loop at once: no further generation."""
+    from verl_credit.envs.base import ENVIRONMENTS, register_environment
+
+    steps: list[tuple[str, int]] = []
+    if "test_orders_limited" not in ENVIRONMENTS:
+
+        @register_environment("test_orders_limited")
+        class LimitedOrdersEnv(orders_env_cls):
+            over = False
+
+            def begin_tool_step(self) -> None:
+                steps.append(("begin", len(self.tool_calls)))
+
+            def end_tool_step(self, num_calls: int) -> None:
+                steps.append(("end", num_calls))
+                self.over = True  # e.g. the error limit was reached by this message
+
+            @property
+            def episode_over(self) -> bool:
+                return self.over
+
+    server = TinyModelServer(tiny_model, chatml_tokenizer, [TWO_CALLS_PLAN, "Done."])
+    config = _config("credit.env.name=test_orders_limited", "actor_rollout_ref.rollout.multi_turn.max_parallel_calls=4")
+    outputs, _ = asyncio.run(run_session(config, server, chatml_tokenizer, "lim", 0, {"user_replies": ["more"]}))
+    credit = outputs[0].extra_fields["credit"]
+    assert steps == [("begin", 0), ("end", 2)]
+    assert credit["stop_reason"] == "env_done" and credit["num_actions"] == 1 and len(server.calls) == 1

@@ -7,15 +7,22 @@
 * a credit estimator selected with a trainer that cannot supply graphs fails at start-up, both
   through ``python -m verl_credit.main`` and through verl's own ``python -m verl.trainer.main_ppo``
   (the plugin puts the check in front of verl's ``validate_config``), and the legacy-registry
-  estimators fail with the same message when called.
+  estimators fail with the same message when called;
+* the yaml's ``credit`` node states exactly the dataclasses' defaults;
+* start-up checks of the cluster setup: an annotation cache on a network filesystem shared by
+  several nodes is refused (a fake ``/proc/mounts``), and a ``wandb`` logger without credentials
+  exits 2 before Ray starts.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
+from pathlib import Path
 
 import pytest
 import torch
@@ -75,6 +82,8 @@ OVERRIDES: dict[str, tuple[str, object]] = {
     "credit.annotator.max_retries": ("1", 1),
     "credit.annotator.fallback": ("uniform", "uniform"),
     "credit.annotator.cache_path": ("/tmp/graphs.sqlite", "/tmp/graphs.sqlite"),
+    "credit.annotator.in_validation": ("true", True),
+    "credit.annotator.deadline": ("30.5", 30.5),
     "credit.user.name": ("llm", "llm"),
     "credit.user.base_url": ("http://u:8001/v1", "http://u:8001/v1"),
     "credit.user.model": ("user-model", "user-model"),
@@ -87,6 +96,10 @@ OVERRIDES: dict[str, tuple[str, object]] = {
     "credit.user.max_turns": ("3", 3),
     "credit.user.stop_token": ("DONE", "DONE"),
     "credit.user.script": ("[card,yes]", ["card", "yes"]),
+    "credit.user.trust_env": ("true", True),
+    "credit.annotator.max_model_len": ("8192", 8192),
+    "credit.annotator.max_prompt_tokens": ("4096", 4096),
+    "credit.annotator.trust_env": ("true", True),
     "credit.env.name": ("service", "service"),
     "credit.debug.dump_dir": ("/tmp/credit_dumps", "/tmp/credit_dumps"),
 }
@@ -142,6 +155,8 @@ def test_every_credit_key_overridable_without_plus():
     assert call.counterfactual.budget == 8 and call.adaptive_omega.omega_max == 1.5
     assert call.dpo_export.path == "/tmp/dpo_pairs.jsonl" and call.ig_downweight.factor == 0.75
     assert settings.debug.dump_dir == "/tmp/credit_dumps"
+    assert settings.annotator.in_validation is True and settings.annotator.deadline == 30.5
+    assert load_settings(compose_credit_config(["credit.annotator.deadline=null"])).annotator.deadline is None
     # an open mapping takes new keys with '+'
     config = compose_credit_config(["+credit.env.options.variant=refund"])
     assert load_settings(config).env.options == {"variant": "refund"}
@@ -162,6 +177,13 @@ def test_every_credit_key_overridable_without_plus():
         ("credit.layout=interleaved", "credit.layout"),
         ("credit.annotator.fallback=guess", "credit.annotator.fallback"),
         ("credit.annotator.name=llm", "credit.annotator.base_urls"),
+        ("credit.annotator.deadline=0", "credit.annotator.deadline"),
+        ("credit.annotator.deadline=-5", "credit.annotator.deadline"),
+        ("credit.annotator.deadline=soon", "credit.annotator.deadline"),
+        ("credit.annotator.max_model_len=-1", "credit.annotator.max_model_len"),
+        ("credit.annotator.max_prompt_tokens=0", "credit.annotator.max_prompt_tokens"),
+        ("credit.user.trust_env=maybe", "credit.user.trust_env"),
+        ("credit.annotator.in_validation=sometimes", "credit.annotator.in_validation"),
         ("credit.user.name=robot", "credit.user.name"),
         ("credit.user.name=llm", "credit.user.base_url"),
         ("credit.estimator=grpo", "algorithm.adv_estimator"),
@@ -188,8 +210,8 @@ def test_stock_config_without_credit_node_is_named():
         load_settings(config)
 
 
-def _run(cwd, *args: str) -> tuple[subprocess.Popen, float]:
-    env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
+def _run(cwd, *args: str, env: Mapping[str, str] | None = None) -> tuple[subprocess.Popen, float]:
+    env = {**(os.environ if env is None else env), "HYDRA_FULL_ERROR": "0"}
     command = [sys.executable, "-m", *args]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
     return process, time.perf_counter()
@@ -197,12 +219,16 @@ def _run(cwd, *args: str) -> tuple[subprocess.Popen, float]:
 
 @pytest.mark.timeout(240)
 def test_entry_points_reject_bad_config_before_ray_starts(tmp_path):
-    """Run concurrently: ``python -m verl_credit.main credit.iapo.clip_c=-1`` and verl's stock
-    ``python -m verl.trainer.main_ppo algorithm.adv_estimator=iapo`` (sync trainer). Both exit
-    non-zero with the offending key / what to set, and neither gets as far as starting Ray."""
+    """Run concurrently: ``python -m verl_credit.main credit.iapo.clip_c=-1``, verl's stock
+    ``python -m verl.trainer.main_ppo algorithm.adv_estimator=iapo`` (sync trainer), and
+    ``python -m verl_credit.main`` with a wandb logger and no W&B credentials. All exit non-zero
+    with the offending key / what to set, and none gets as far as starting Ray."""
+    no_wandb = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_") and k not in ("NETRC", "HOME")}
+    no_wandb["HOME"] = str(tmp_path)  # no ~/.netrc
     runs = {
         "clip_c": _run(tmp_path, "verl_credit.main", "credit.iapo.clip_c=-1"),
         "stock": _run(tmp_path, "verl.trainer.main_ppo", "algorithm.adv_estimator=iapo"),
+        "wandb": _run(tmp_path, "verl_credit.main", "trainer.logger=[console,wandb]", env=no_wandb),
     }
     results = {}
     for name, (process, started) in runs.items():
@@ -217,6 +243,9 @@ def test_entry_points_reject_bad_config_before_ray_starts(tmp_path):
     _, out, err, _ = results["stock"]
     assert "algorithm.adv_estimator=iapo needs the verl-credit trainer" in out + err
     assert "trainer.v1.trainer_mode=credit_sync" in out + err
+    code, _, err, _ = results["wandb"]
+    assert code == 2 and "verl_credit.main: error: trainer.logger=['console', 'wandb'] includes wandb" in err
+    assert "WANDB_API_KEY" in err and "wandb login" in err
 
 
 def test_trainer_selection_check():
@@ -271,3 +300,207 @@ def test_main_validates_then_hands_the_config_to_verls_run_ppo(monkeypatch):
     with pytest.raises(ValueError, match=r"credit\.call_credit\.alpha"):
         run(compose_credit_config([*micro, "credit.call_credit.alpha=2"]))
     assert len(calls) == 1
+
+
+# -- the yaml states the dataclasses' defaults ------------------------------------------------------
+
+
+def _plain(value):
+    if dataclasses.is_dataclass(value):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def test_yaml_credit_node_equals_the_dataclass_defaults():
+    """Every key of the yaml's ``credit`` node (resolved: ``estimator`` and ``norm_adv_by_std_in_grpo``
+    follow verl's ``algorithm`` defaults) equals the default of its dataclass field, and the node has
+    exactly the dataclasses' keys: ``CreditConfig`` (the math) plus ``CreditSettings``' runtime parts."""
+    from verl_credit.config import CreditConfig
+    from verl_credit.verl.settings import AnnotatorSettings, CreditSettings, DebugSettings, EnvSettings, UserSettings
+
+    runtime = {f.name: f for f in dataclasses.fields(CreditSettings) if f.name != "credit"}
+    expected = _plain(CreditConfig())
+    expected["layout"] = runtime["layout"].default
+    sections = {"annotator": AnnotatorSettings, "user": UserSettings, "env": EnvSettings, "debug": DebugSettings}
+    assert set(runtime) == {"layout", *sections}, "a new CreditSettings section needs a line here"
+    for name, kind in sections.items():
+        assert runtime[name].default_factory is kind
+        expected[name] = _plain(kind())
+    actual = OmegaConf.to_container(compose_credit_config().credit, resolve=True)
+
+    def diff(a, b, path="credit"):
+        if isinstance(a, dict) and isinstance(b, dict):
+            out = [f"{path}.{k}: only in the yaml" for k in sorted(set(a) - set(b))]
+            out += [f"{path}.{k}: missing from the yaml" for k in sorted(set(b) - set(a))]
+            for k in sorted(set(a) & set(b)):
+                out += diff(a[k], b[k], f"{path}.{k}")
+            return out
+        same = a == b and (isinstance(a, bool) == isinstance(b, bool))  # 1 == True must not pass
+        return [] if same else [f"{path}: yaml {a!r} != default {b!r}"]
+
+    assert diff(actual, expected) == []
+
+
+# -- start-up checks: annotation cache location ------------------------------------------------------
+
+
+def _mounts(tmp_path: Path, *lines: str) -> Path:
+    path = tmp_path / "mounts"
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+LOCAL_ROOT = "/dev/vda1 / ext4 rw,relatime 0 0"
+
+
+@pytest.mark.parametrize("fs_type", ["nfs", "nfs4", "lustre", "gpfs", "cifs", "beegfs", "fuse.sshfs", "fuse"])
+def test_cache_on_a_shared_network_fs_is_refused_for_several_nodes(tmp_path, fs_type):
+    from verl_credit.verl.settings import check_cache_location
+
+    mounts = _mounts(tmp_path, LOCAL_ROOT, f"server:/export /shared {fs_type} rw 0 0")
+    config = compose_credit_config(["credit.annotator.cache_path=/shared/ckpt/run/graphs.sqlite", "trainer.nnodes=2"])
+    with pytest.raises(ValueError, match=r"^credit\.annotator\.cache_path='/shared/ckpt/run/graphs\.sqlite'") as info:
+        check_cache_location(config, mounts_path=mounts)
+    message = str(info.value)
+    assert f"({fs_type} mounted at /shared)" in message and "trainer.nnodes=2" in message
+    assert "{hostname}" in message and "CACHE_DIR" in message
+    # the same path on one node: a warning, not a refusal
+    single = compose_credit_config(["credit.annotator.cache_path=/shared/ckpt/run/graphs.sqlite"])
+    warning = check_cache_location(single, mounts_path=mounts)
+    assert warning and warning.startswith("credit.annotator.cache_path=") and fs_type in warning
+
+
+def test_cache_check_accepts_local_disk_per_node_files_and_no_cache(tmp_path):
+    from verl_credit.verl.settings import check_cache_location
+
+    mounts = _mounts(
+        tmp_path,
+        "server:/export /shared nfs4 rw 0 0",
+        LOCAL_ROOT,  # / listed after /shared: the longest match still wins
+        "tmpfs /shared/local\\040scratch tmpfs rw 0 0",  # octal escape of a space, as the kernel writes it
+        "/dev/sdb1 /shared/fuseblk fuseblk rw 0 0",  # ntfs-3g & co: a local disk
+    )
+    two = ["trainer.nnodes=2"]
+    for path in ("/tmp/verl_credit/run/graphs.sqlite", "'/shared/local scratch/graphs.sqlite'", "/shared/fuseblk/g.db"):
+        config = compose_credit_config([f"credit.annotator.cache_path={path}", *two])
+        assert check_cache_location(config, mounts_path=mounts) is None, path
+    assert check_cache_location(compose_credit_config(two), mounts_path=mounts) is None  # null: no cache
+    # one file per node on the shared filesystem: accepted with a warning (WAL over NFS on one host)
+    per_node = compose_credit_config(["credit.annotator.cache_path='/shared/cache/{hostname}/graphs.sqlite'", *two])
+    warning = check_cache_location(per_node, mounts_path=mounts, hostname="node-7")
+    assert warning and "nfs4 mounted at /shared" in warning
+    # an unreadable mount table (not Linux): nothing to check
+    config = compose_credit_config(["credit.annotator.cache_path=/shared/graphs.sqlite", *two])
+    assert check_cache_location(config, mounts_path=tmp_path / "missing") is None
+
+
+def test_cache_path_symlink_into_a_network_fs_is_seen(tmp_path):
+    from verl_credit.verl.settings import check_cache_location, filesystem_of
+
+    shared = tmp_path / "nfs_export"
+    shared.mkdir()
+    (tmp_path / "link").symlink_to(shared)
+    mounts = _mounts(tmp_path, LOCAL_ROOT, f"server:/x {os.path.realpath(shared)} nfs rw 0 0")
+    assert filesystem_of(tmp_path / "link" / "not" / "yet" / "graphs.sqlite", mounts) == (
+        os.path.realpath(shared),
+        "nfs",
+    )
+    config = compose_credit_config([f"credit.annotator.cache_path={tmp_path}/link/graphs.sqlite", "trainer.nnodes=4"])
+    with pytest.raises(ValueError, match=r"credit\.annotator\.cache_path"):
+        check_cache_location(config, mounts_path=mounts)
+
+
+def test_hostname_placeholder_is_filled_in_by_each_process(monkeypatch):
+    import socket
+
+    from verl_credit.verl.settings import expand_cache_path
+
+    monkeypatch.setattr(socket, "gethostname", lambda: "gpu-node-3")
+    config = compose_credit_config(["credit.annotator.cache_path='/shared/{hostname}/graphs.sqlite'"])
+    assert load_settings(config).annotator.cache_path == "/shared/gpu-node-3/graphs.sqlite"
+    assert expand_cache_path("~/c/{hostname}.sqlite", hostname="h") == os.path.expanduser("~/c/h.sqlite")
+
+
+def test_validate_refuses_a_shared_cache_and_warns_for_one_node(tmp_path, caplog):
+    from verl_credit.verl.main import validate
+
+    mounts = _mounts(tmp_path, LOCAL_ROOT, "server:/ckpt /ckpt nfs rw 0 0")
+    shared = ["credit.annotator.cache_path=/ckpt/run/graphs.sqlite"]
+    with pytest.raises(ValueError, match=r"credit\.annotator\.cache_path.*trainer\.nnodes=2"):
+        validate(compose_credit_config([*shared, "trainer.nnodes=2"]), environ={}, mounts_path=mounts)
+    with caplog.at_level("WARNING", logger="verl_credit.verl.main"):
+        validate(compose_credit_config(shared), environ={}, mounts_path=mounts)
+    assert "credit.annotator.cache_path='/ckpt/run/graphs.sqlite' is on a network filesystem" in caplog.text
+
+
+# -- start-up checks: wandb credentials -------------------------------------------------------------
+
+
+WANDB = ["trainer.logger=[console,wandb]"]
+
+
+def test_logger_defaults_to_the_console():
+    from verl_credit.verl.main import check_logger
+
+    config = compose_credit_config()
+    assert list(config.trainer.logger) == ["console"]
+    check_logger(config, environ={})  # nothing to check
+
+
+@pytest.mark.parametrize("logger", ["[console,wandb]", "wandb", "[tracking]"])
+def test_wandb_without_credentials_is_refused(tmp_path, logger):
+    from verl_credit.verl.main import check_logger
+
+    with pytest.raises(ValueError, match=r"^trainer\.logger=.*includes wandb") as info:
+        check_logger(compose_credit_config([f"trainer.logger={logger}"]), environ={"HOME": str(tmp_path)})
+    message = str(info.value)
+    assert "WANDB_API_KEY" in message and "WANDB_MODE=offline" in message and f"{tmp_path}/.netrc" in message
+
+
+@pytest.mark.parametrize(
+    "environ",
+    [
+        {"WANDB_API_KEY": "k" * 40},
+        {"WANDB_MODE": "offline"},
+        {"WANDB_MODE": "disabled"},
+        {"WANDB_MODE": "Offline"},
+        {"WANDB_DISABLED": "true"},
+    ],
+)
+def test_wandb_with_a_key_or_keyless_mode_passes(tmp_path, environ):
+    from verl_credit.verl.main import check_logger
+
+    check_logger(compose_credit_config(WANDB), environ={"HOME": str(tmp_path), **environ})
+
+
+def test_wandb_netrc_entry_counts_for_its_host_only(tmp_path):
+    from verl_credit.verl.main import check_logger
+
+    config = compose_credit_config(WANDB)
+    (tmp_path / ".netrc").write_text("machine api.wandb.ai\n  login user\n  password " + "k" * 40 + "\n")
+    check_logger(config, environ={"HOME": str(tmp_path)})  # as `wandb login` writes it
+    with pytest.raises(ValueError, match=r"no entry for wandb\.example\.org"):  # a self-hosted server: its own host
+        check_logger(config, environ={"HOME": str(tmp_path), "WANDB_BASE_URL": "https://wandb.example.org"})
+    other = tmp_path / "elsewhere"
+    other.write_text("machine wandb.example.org login user password secret\n")
+    check_logger(
+        config, environ={"HOME": str(tmp_path), "NETRC": str(other), "WANDB_BASE_URL": "https://wandb.example.org"}
+    )
+    (tmp_path / ".netrc").write_text("machine github.com login me password x\n")
+    with pytest.raises(ValueError, match=r"no entry for api\.wandb\.ai"):
+        check_logger(config, environ={"HOME": str(tmp_path)})
+    (tmp_path / ".netrc").write_text("machine api.wandb.ai login\n")  # unparsable: no credentials
+    with pytest.raises(ValueError, match="includes wandb"):
+        check_logger(config, environ={"HOME": str(tmp_path), "WANDB_MODE": "online"})
+
+
+def test_validate_runs_the_wandb_check(tmp_path):
+    from verl_credit.verl.main import validate
+
+    with pytest.raises(ValueError, match="includes wandb"):
+        validate(compose_credit_config(WANDB), environ={"HOME": str(tmp_path)})
+    validate(compose_credit_config(WANDB), environ={"HOME": str(tmp_path), "WANDB_MODE": "offline"})

@@ -109,3 +109,50 @@ def test_build_user_follows_settings_and_row():
     )
     assert isinstance(llm, LLMUser) and "from the row" in llm.system_prompt
     asyncio.run(llm.aclose())
+
+
+def test_llm_user_reply_in_reasoning_content_over_http(stub_server):
+    """vLLM with a reasoning parser (Qwen3): the whole reply in ``reasoning_content`` / ``reasoning``,
+    ``content`` empty or null. The reasoning text, ``<think>`` removed, is the reply; counted."""
+    from openai_stub_server import Reply
+
+    stub_server.script(
+        Reply.completion(None, reasoning_content="<think>They ask card or credit.</think>\nTo my card, please."),
+        Reply.completion("", reasoning="All good, thanks. ###STOP###"),
+        Reply.completion("store credit", reasoning_content="hmm"),
+    )
+
+    async def play(user: LLMUser) -> list[UserTurn]:
+        try:  # one event loop: the client's pooled connection belongs to it
+            return [await user.reply(TRANSCRIPT) for _ in range(3)]
+        finally:
+            await user.aclose()
+
+    user = LLMUser(stub_server.base_url, "user-model", max_retries=0)
+    turns = asyncio.run(play(user))
+    assert turns == [
+        UserTurn("To my card, please.", False),
+        UserTurn("All good, thanks.", True),
+        UserTurn("store credit", False),
+    ]
+    assert user.reasoning_fallbacks == 2  # the third reply had content
+
+
+def test_llm_user_ignores_proxy_variables_unless_asked(stub_server, monkeypatch):
+    from openai_stub_server import Reply, unused_port
+
+    dead_proxy = f"http://127.0.0.1:{unused_port()}"
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+        monkeypatch.setenv(name, dead_proxy)
+    stub_server.script(Reply.completion("card"))
+
+    async def reply(**options) -> UserTurn:
+        user = LLMUser(stub_server.base_url, "m", max_retries=0, **options)
+        try:
+            return await user.reply(TRANSCRIPT)
+        finally:
+            await user.aclose()
+
+    assert asyncio.run(reply()) == UserTurn("card", False)  # straight to the in-cluster endpoint
+    with pytest.raises(UserSimulatorError, match="failed after 1 attempts"):
+        asyncio.run(reply(trust_env=True))  # opted in: the (dead) proxy is used

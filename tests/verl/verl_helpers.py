@@ -185,7 +185,7 @@ def compose_credit_config(overrides: list[str] | None = None):
         return compose(config_name=CONFIG_NAME, overrides=list(overrides or []))
 
 
-def make_agent_loop(config, server, tokenizer):
+def make_agent_loop(config, server, tokenizer, hf_model_type: str = "qwen2"):
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
@@ -198,7 +198,7 @@ def make_agent_loop(config, server, tokenizer):
         processor=None,
         dataset_cls=RLHFDataset,
         data_config=DictConfigWrap(config.data),
-        hf_model_type="qwen2",
+        hf_model_type=hf_model_type,
         tools=ToolListWrap([]),
     )
 
@@ -277,3 +277,181 @@ class SleepyAnnotator(FixedGraphAnnotator):
     """:class:`FixedGraphAnnotator` that takes 1 s per trajectory."""
 
     delay_s = 1.0
+
+
+# ------------------------------------------------------------------ Qwen3-like chat template
+#
+# A rendition of the behaviours of Qwen3's chat template that matter to a multi-turn rollout
+# (written for these tests; same rendered text as Qwen3's for the messages they use):
+#
+# * tools: listed in the system turn inside ``<tools></tools>`` (one JSON schema a line), after
+#   the system message, with the hermes calling instructions;
+# * assistant tool calls: ``<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`` (a
+#   newline before every call but a first one that directly follows empty content);
+# * tool messages: ``<|im_start|>user\n<tool_response>\n...\n</tool_response><|im_end|>``, a run of
+#   consecutive tool messages merged into one user turn;
+# * reasoning: from ``reasoning_content`` or, failing that, from ``<think>...</think>`` at the start
+#   of ``content``; rendered (``<think>\n...\n</think>\n\n``) only for assistant turns *after the
+#   last user query* (a user message that is not a wrapped tool response), and there only for the
+#   last message or when it is non-empty; dropped for every earlier turn;
+# * generation prompt: ``<|im_start|>assistant\n``, plus an empty ``<think>\n\n</think>\n\n`` block
+#   when ``enable_thinking`` is false.
+
+QWEN3_TEMPLATE = """
+{%- macro render_call(call, needs_newline) -%}
+    {%- set fn = call.function if call.function is defined else call -%}
+    {%- if needs_newline %}{{- '\\n' }}{% endif -%}
+    {{- '<tool_call>\\n{"name": "' ~ fn.name ~ '", "arguments": ' -}}
+    {%- if fn.arguments is string %}{{- fn.arguments }}{% else %}{{- fn.arguments | tojson }}{% endif -%}
+    {{- '}\\n</tool_call>' -}}
+{%- endmacro -%}
+{%- if tools -%}
+    {{- '<|im_start|>system\\n' -}}
+    {%- if messages[0].role == 'system' %}{{- messages[0].content ~ '\\n\\n' }}{% endif -%}
+    {{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n' -}}
+    {{- 'You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' -}}
+    {%- for schema in tools %}{{- '\\n' ~ (schema | tojson) }}{% endfor -%}
+    {{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments '
+        'within <tool_call></tool_call> XML tags:\\n<tool_call>\\n'
+        '{"name": <function-name>, "arguments": <args-json-object>}\\n</tool_call><|im_end|>\\n' -}}
+{%- elif messages[0].role == 'system' -%}
+    {{- '<|im_start|>system\\n' ~ messages[0].content ~ '<|im_end|>\\n' -}}
+{%- endif -%}
+{%- set state = namespace(query=messages | length - 1, searching=true) -%}
+{%- for position in range(messages | length - 1, -1, -1) -%}
+    {%- set m = messages[position] -%}
+    {%- if state.searching and m.role == 'user' and m.content is string
+          and not (m.content.startswith('<tool_response>') and m.content.endswith('</tool_response>')) -%}
+        {%- set state.searching = false -%}
+        {%- set state.query = position -%}
+    {%- endif -%}
+{%- endfor -%}
+{%- for m in messages -%}
+    {%- set text = m.content if m.content is string else '' -%}
+    {%- if m.role == 'user' or (m.role == 'system' and not loop.first) -%}
+        {{- '<|im_start|>' ~ m.role ~ '\\n' ~ text ~ '<|im_end|>\\n' -}}
+    {%- elif m.role == 'assistant' -%}
+        {%- set thought = '' -%}
+        {%- if m.reasoning_content is string -%}
+            {%- set thought = m.reasoning_content -%}
+        {%- elif '</think>' in text -%}
+            {%- set thought = text.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') -%}
+            {%- set text = text.split('</think>')[-1].lstrip('\\n') -%}
+        {%- endif -%}
+        {%- if loop.index0 > state.query and (loop.last or thought) -%}
+            {{- '<|im_start|>assistant\\n<think>\\n' ~ thought.strip('\\n') ~ '\\n</think>\\n\\n'
+                ~ text.lstrip('\\n') -}}
+        {%- else -%}
+            {{- '<|im_start|>assistant\\n' ~ text -}}
+        {%- endif -%}
+        {%- for call in (m.tool_calls or []) -%}
+            {{- render_call(call, not loop.first or text) -}}
+        {%- endfor -%}
+        {{- '<|im_end|>\\n' -}}
+    {%- elif m.role == 'tool' -%}
+        {%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{% endif -%}
+        {{- '\\n<tool_response>\\n' ~ text ~ '\\n</tool_response>' -}}
+        {%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{% endif -%}
+    {%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{- '<|im_start|>assistant\\n' -}}
+    {%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{% endif -%}
+{%- endif -%}
+""".strip()
+
+#: Qwen3's control tokens: ChatML ones special, the tool/think tags single ids but *not* special
+QWEN3_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+QWEN3_TAG_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>")
+
+_QWEN3_CORPUS = (
+    "You are a support agent. refund order #W12 please. Look up an order. order id get_order order_id "
+    'status delivered "name": "arguments": {"order_id": "#W12"} not found card store credit yes thanks '
+    "Your order #W12 is delivered. Refund to card or store credit? Refund to card done. "
+    "The user wants a refund, so I should look up the order first. The order is delivered; ask how to "
+    "refund. The user chose card, so I confirm the refund. # Tools You may call one or more functions "
+    "to assist with the user query. function signatures within XML tags json object with function name"
+    "\n\nsummary:\n\n the order\n"
+)
+
+
+def qwen3_tokenizer():
+    """A byte-level BPE tokenizer (Qwen2/3's pre-tokenizer regex) trained in code, with Qwen3's
+    control tokens (:data:`QWEN3_SPECIAL_TOKENS` special, :data:`QWEN3_TAG_TOKENS` plain added
+    tokens, as in Qwen3's tokenizer) and :data:`QWEN3_TEMPLATE`; eos ``<|im_end|>``."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=600,
+        special_tokens=list(QWEN3_SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator([_QWEN3_CORPUS] * 20, trainer)
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in QWEN3_TAG_TOKENS])
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        clean_up_tokenization_spaces=False,
+    )
+    hf.chat_template = QWEN3_TEMPLATE
+    return hf
+
+
+class ScriptedTokenServer:
+    """A server manager that returns scripted text: the k-th request of a session gets
+    ``encode(plans[k]) + [eos]`` with made-up log-probs, distinct per token (``-(n + 1) / 1000`` for
+    the n-th token this server returned), so misplaced log-probs show. ``calls`` records every
+    request's session, prompt, tokens and log-probs."""
+
+    def __init__(self, tokenizer, plans: list[str]):
+        self.tokenizer = tokenizer
+        self.plans = list(plans)
+        self.calls: list[dict[str, Any]] = []
+
+    async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **kwargs: Any):
+        from verl.workers.rollout.replica import TokenOutput
+
+        step = sum(1 for call in self.calls if call["request_id"] == request_id)
+        tokens = [*self.tokenizer.encode(self.plans[step], add_special_tokens=False), self.tokenizer.eos_token_id]
+        issued = sum(len(call["token_ids"]) for call in self.calls)
+        log_probs = [-(issued + n + 1) / 1000 for n in range(len(tokens))]
+        self.calls.append(
+            {
+                "request_id": request_id,
+                "prompt_ids": list(prompt_ids),
+                "token_ids": tokens,
+                "log_probs": log_probs,
+                "plan": self.plans[step],
+            }
+        )
+        await asyncio.sleep(0)
+        return TokenOutput(
+            token_ids=tokens, log_probs=log_probs, extra_fields={"min_global_steps": 1, "max_global_steps": 1}
+        )
+
+
+async def run_session_as(config, server, tokenizer, task: dict[str, Any], hf_model_type: str, uid: str = "q3"):
+    """:func:`run_session` with a chosen root ``model_type`` (selects verl's Continuous-Token builder)."""
+    loop = make_agent_loop(config, server, tokenizer, hf_model_type)
+    kwargs = {
+        "raw_prompt": [{"role": "user", "content": "unused: the environment opens the episode"}],
+        "extra_info": {"task": task},
+        "uid": uid,
+        "session_id": 0,
+        "global_steps": 1,
+    }
+    output = await loop.run({"temperature": 0.0}, **kwargs)
+    return (output if isinstance(output, list) else [output]), loop

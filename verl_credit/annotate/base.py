@@ -6,17 +6,31 @@ counted fallback (``source`` says which), never an exception into the training l
 
 Annotators are chosen by name from :data:`ANNOTATORS` (``build_annotator``), not by an ``if``
 chain; a module registers its class with :func:`register_annotator`.
+
+Annotators run inside verl's rollout worker, on the event loop that also serves every other
+agent session, so synchronous work that can take milliseconds must not run on that loop. The
+rule annotator hands its pass to a worker thread itself; the LLM annotator and the cache use two
+small process-wide worker pools: :func:`run_blocking` (CPU work -- rendering and parsing long
+prompts and replies -- on :data:`CPU_WORKERS` threads; few, since CPU-bound Python threads contend
+for the GIL with the loop) and :func:`run_blocking_io` (sqlite reads and writes, which may wait
+for another process's write lock, on :data:`IO_WORKERS` threads; see
+:class:`verl_credit.annotate.cache.GraphCache` for the per-thread connections).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import inspect
+import os
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from verl_credit.graph import GraphValidation, InfluenceGraph, validate_graph
 from verl_credit.trajectory import Trajectory
@@ -29,7 +43,60 @@ __all__ = [
     "annotator_class",
     "build_annotator",
     "register_annotator",
+    "run_blocking",
+    "run_blocking_io",
 ]
+
+T = TypeVar("T")
+#: threads of the CPU pool (rendering long prompts, parsing long replies)
+CPU_WORKERS = 2
+#: threads of the I/O pool (sqlite cache reads and writes, which may wait for another process's lock)
+IO_WORKERS = 4
+
+
+class _WorkerPool:
+    """A lazily started ``ThreadPoolExecutor`` shared by the whole process (and every event loop
+    in it); a forked child starts its own, since the parent's threads do not exist there."""
+
+    def __init__(self, name: str, workers: int):
+        self.name = name
+        self.workers = workers
+        self._lock = threading.Lock()
+        self._executor: ThreadPoolExecutor | None = None
+
+    def executor(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix=self.name)
+            return self._executor
+
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()
+        self._executor = None
+
+
+_CPU_POOL = _WorkerPool("verl-credit-annotate-cpu", CPU_WORKERS)
+_IO_POOL = _WorkerPool("verl-credit-annotate-io", IO_WORKERS)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: (_CPU_POOL._after_fork(), _IO_POOL._after_fork()))
+
+
+async def _run_in(pool: _WorkerPool, function: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
+    loop = asyncio.get_running_loop()
+    call = functools.partial(contextvars.copy_context().run, function, *args, **kwargs)
+    return await loop.run_in_executor(pool.executor(), call)
+
+
+async def run_blocking(function: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """``function(*args, **kwargs)`` on the CPU worker pool; the event loop keeps serving other
+    coroutines meanwhile. Exceptions propagate; cancelling the awaiting task does not stop the
+    thread (the call runs to its end, its result is dropped)."""
+    return await _run_in(_CPU_POOL, function, args, kwargs)
+
+
+async def run_blocking_io(function: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """Like :func:`run_blocking`, on the I/O pool (blocking file and sqlite work)."""
+    return await _run_in(_IO_POOL, function, args, kwargs)
 
 
 @dataclass
@@ -39,6 +106,8 @@ class AnnotationResult:
     ``source``: ``"rules"``, ``"llm"``, ``"given"`` (the record's own graph), or
     ``"fallback:rules"`` / ``"fallback:uniform"`` after a failure; ``cached`` when it came from
     the cache. ``uncertain`` is the rule annotator's flag that a stronger annotator should look.
+    ``prompt_truncated``: the LLM annotator shortened texts of the transcript to fit the server's
+    context (every action was still in the prompt; see :mod:`verl_credit.annotate.prompt`).
     """
 
     graph: InfluenceGraph
@@ -48,6 +117,7 @@ class AnnotationResult:
     seconds: float = 0.0
     uncertain: bool = False
     error: str | None = None
+    prompt_truncated: bool = False
 
     @property
     def fallback(self) -> bool:
@@ -64,6 +134,8 @@ class AnnotationResult:
         record["source"] = self.source
         record["repaired_edges"] = self.validation.repaired_edges
         record["fallback"] = self.fallback
+        if self.prompt_truncated:
+            record["prompt_truncated"] = True
         return record
 
 
@@ -78,9 +150,12 @@ class AnnotationStats:
     parsed: int = 0
     seconds: float = 0.0
     by_source: dict[str, int] = field(default_factory=dict)
+    truncated_prompts: int = 0
+    """Results whose LLM prompt was shortened to fit the context (``AnnotationResult.prompt_truncated``)."""
 
     def add(self, result: AnnotationResult) -> None:
         self.total += 1
+        self.truncated_prompts += int(result.prompt_truncated)
         self.fallbacks += int(result.fallback)
         self.repaired_edges += result.validation.repaired_edges
         self.cache_hits += int(result.cached)

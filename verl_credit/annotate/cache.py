@@ -16,11 +16,20 @@ Concurrency and crash safety come from sqlite itself:
   ``synchronous="FULL"`` to also survive power loss at some write cost.
 
 Only successful annotations are stored (never a fallback), so a failure is retried next time.
+
+Threads and processes: every thread gets its own sqlite connection (opened on its first use,
+all closed by :meth:`GraphCache.close`), so a reader in one thread never waits behind a writer in
+another that is waiting for a second process's write lock; the counters are guarded by a lock.
 A connection belongs to the process that opened it: after a ``fork`` the cache reopens itself.
+:func:`annotate_with_cache` (used by every caching annotator) does its lookups and stores on the
+I/O worker pool (:func:`verl_credit.annotate.base.run_blocking_io`), never on the event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -28,12 +37,13 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable
+import weakref
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from verl_credit.annotate.base import AnnotationResult, Annotator
+from verl_credit.annotate.base import AnnotationResult, Annotator, run_blocking_io
 from verl_credit.graph import validate_graph
 from verl_credit.trajectory import Trajectory
 
@@ -45,6 +55,8 @@ __all__ = [
     "annotator_identity",
     "cache_key",
     "canonical_transcript",
+    "lookup_cached",
+    "store_result",
 ]
 
 _LOG = logging.getLogger(__name__)
@@ -116,17 +128,42 @@ class GraphCache:
         self.writes = 0
         self.errors = 0
         """sqlite errors swallowed by :func:`annotate_with_cache` (each also logged)."""
-        self._lock = threading.Lock()
-        self._connection: sqlite3.Connection | None = None
-        self._pid = -1
-        self._connect()
+        self.joined = 0
+        """Misses answered by an annotation of the same transcript already under way."""
+        self._in_flight: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Future[Any]]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._lock = threading.Lock()  # the counters and the registry of connections
+        self._local = threading.local()  # this thread's (pid, generation, connection, its lock)
+        # every thread's connection with a lock held while it is in use, so that close() never
+        # closes a connection under a statement another thread is running
+        self._connections: list[tuple[sqlite3.Connection, threading.Lock]] = []
+        self._generation = 0  # bumped by close(): every thread then reopens on its next use
+        self._pid = os.getpid()
+        with self._connection():  # fail early (unwritable path, no WAL) in the constructing thread
+            pass
 
     # -- connection --------------------------------------------------------------------------
-    def _connect(self) -> sqlite3.Connection:
-        if self._connection is not None and self._pid == os.getpid():
-            return self._connection
+    @contextlib.contextmanager
+    def _connection(self) -> Iterator[sqlite3.Connection]:
+        """This thread's connection (opened on first use, and again after :meth:`close` or a
+        fork), held for the duration of the ``with`` block."""
+        pid = os.getpid()
+        state = getattr(self._local, "state", None)
+        if state is None or state[0] != pid or state[1] != self._generation:
+            connection, in_use = self._open(), threading.Lock()
+            with self._lock:
+                if self._pid != pid:  # forked: the parent's connections are not ours to use or close
+                    self._connections, self._pid = [], pid
+                self._connections.append((connection, in_use))
+                state = self._local.state = (pid, self._generation, connection, in_use)
+        with state[3]:
+            yield state[2]
+
+    def _open(self) -> sqlite3.Connection:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # isolation_level=None: no implicit transactions; every write below opens its own.
+        # check_same_thread=False only so that close() may close every thread's connection.
         connection = sqlite3.connect(
             str(self.path), timeout=self.busy_timeout_s, isolation_level=None, check_same_thread=False
         )
@@ -146,14 +183,19 @@ class GraphCache:
         if str(mode).lower() != "wal":
             connection.close()
             raise RuntimeError(f"{self.path}: sqlite refused WAL mode (journal_mode={mode}); use a local disk")
-        self._connection, self._pid = connection, os.getpid()
         return connection
 
     def close(self) -> None:
+        """Close every thread's connection (waiting for one in use to finish its statement); a
+        later use reopens, per thread."""
         with self._lock:
-            if self._connection is not None and self._pid == os.getpid():
-                self._connection.close()
-            self._connection = None
+            connections, self._connections = self._connections, []
+            self._generation += 1
+            ours = self._pid == os.getpid()
+        if ours:
+            for connection, in_use in connections:
+                with in_use:
+                    connection.close()
 
     def __enter__(self) -> GraphCache:
         return self
@@ -164,10 +206,9 @@ class GraphCache:
     # -- reads and writes --------------------------------------------------------------------
     def get(self, key: str) -> CacheEntry | None:
         """The entry under ``key`` or ``None``; counts a hit or a miss."""
+        with self._connection() as connection:
+            row = connection.execute("SELECT value, source, uncertain FROM graphs WHERE key = ?", (key,)).fetchone()
         with self._lock:
-            row = (
-                self._connect().execute("SELECT value, source, uncertain FROM graphs WHERE key = ?", (key,)).fetchone()
-            )
             if row is None:
                 self.misses += 1
                 return None
@@ -192,8 +233,7 @@ class GraphCache:
         Returns the number written.
         """
         count = 0
-        with self._lock:
-            connection = self._connect()
+        with self._connection() as connection:
             connection.execute("BEGIN IMMEDIATE")
             try:
                 for key, graph, source, uncertain, (annotator, model, version) in entries:
@@ -214,22 +254,35 @@ class GraphCache:
                     count += 1
                 connection.execute("COMMIT")
             except BaseException:
-                connection.execute("ROLLBACK")
+                if connection.in_transaction:
+                    connection.execute("ROLLBACK")
                 raise
+        with self._lock:
             self.writes += count
         return count
 
     def __len__(self) -> int:
-        with self._lock:
-            return int(self._connect().execute("SELECT COUNT(*) FROM graphs").fetchone()[0])
+        with self._connection() as connection:
+            return int(connection.execute("SELECT COUNT(*) FROM graphs").fetchone()[0])
 
     def keys(self) -> list[str]:
+        with self._connection() as connection:
+            return [row[0] for row in connection.execute("SELECT key FROM graphs ORDER BY key")]
+
+    def in_flight(self) -> dict[str, asyncio.Future[Any]]:
+        """Annotations under way on the running event loop, by cache key (see :func:`annotate_with_cache`)."""
+        loop = asyncio.get_running_loop()
         with self._lock:
-            return [row[0] for row in self._connect().execute("SELECT key FROM graphs ORDER BY key")]
+            return self._in_flight.setdefault(loop, {})
+
+    def count_joined(self) -> None:
+        with self._lock:
+            self.joined += 1
 
     def record_error(self, operation: str, error: Exception) -> None:
         """Count (and log) a failed cache operation that the caller chose to survive."""
-        self.errors += 1
+        with self._lock:
+            self.errors += 1
         _LOG.warning("annotation cache %s %s failed: %s", self.path, operation, error)
 
     @property
@@ -243,8 +296,37 @@ class GraphCache:
             "misses": self.misses,
             "writes": self.writes,
             "errors": self.errors,
+            "joined": self.joined,
             "hit_rate": self.hit_rate,
         }
+
+
+def lookup_cached(
+    cache: GraphCache, identity: tuple[str, str, str], trajectory: Trajectory
+) -> tuple[str, AnnotationResult | None]:
+    """``(key, cached result or None)``: the blocking half of :func:`annotate_with_cache` (key
+    hashing, sqlite read, graph validation). An unreadable cache is counted, not raised."""
+    key = cache_key(trajectory.messages, *identity)
+    try:
+        entry = cache.get(key)
+    except Exception as exc:  # an unreadable cache (sqlite error, bad JSON, no WAL, ...) must not stop training
+        cache.record_error("get", exc)
+        return key, None
+    if entry is None:
+        return key, None
+    graph, validation = validate_graph(entry.graph, trajectory.num_actions)
+    if validation.fallback:  # a stored graph that no longer fits (should not happen): annotate afresh
+        return key, None
+    return key, AnnotationResult(graph, validation, entry.source, cached=True, uncertain=entry.uncertain)
+
+
+def store_result(cache: GraphCache, key: str, identity: tuple[str, str, str], result: AnnotationResult) -> None:
+    """Store a successful result (the blocking half of :func:`annotate_with_cache`); a failed
+    write is counted, not raised: the result is still good."""
+    try:
+        cache.put(key, result.graph.to_json(), result.source, result.uncertain, identity)
+    except Exception as exc:  # e.g. locked past busy_timeout, disk full: the result is still good
+        cache.record_error("put", exc)
 
 
 async def annotate_with_cache(
@@ -254,24 +336,35 @@ async def annotate_with_cache(
     annotate: Callable[[Trajectory], Awaitable[AnnotationResult]],
 ) -> AnnotationResult:
     """Cached ``await annotate(trajectory)``: a hit returns the stored graph with ``cached=True``;
-    a miss annotates and stores the result unless it is a fallback."""
-    key = cache_key(trajectory.messages, *identity)
+    a miss annotates and stores the result unless it is a fallback. The lookup and the store
+    run on the I/O worker pool, so the event loop keeps serving other sessions while sqlite
+    reads, writes or waits for another process's lock. A miss for a transcript whose annotation
+    is already under way on the same loop waits for that one and shares its result (``cached``,
+    counted in ``GraphCache.joined``) instead of annotating it twice."""
+    key, hit = await run_blocking_io(lookup_cached, cache, identity, trajectory)
+    if hit is not None:
+        return hit
+    in_flight = cache.in_flight()
+    running = in_flight.get(key)
+    if running is not None:  # the same transcript is being annotated: share its result
+        shared = await asyncio.shield(running)
+        if shared is not None:
+            cache.count_joined()
+            return dataclasses.replace(shared, cached=True, seconds=0.0, prompt_truncated=False)
+        # that annotation fell back (or was cancelled): annotate afresh below
+    future: asyncio.Future[AnnotationResult | None] = asyncio.get_running_loop().create_future()
+    if key not in in_flight:
+        in_flight[key] = future
+    good: AnnotationResult | None = None
     try:
-        entry = cache.get(key)
-    except (sqlite3.Error, ValueError) as exc:  # an unreadable cache must not stop training
-        cache.record_error("get", exc)
-        entry = None
-    if entry is not None:
-        graph, validation = validate_graph(entry.graph, trajectory.num_actions)
-        if not validation.fallback:
-            return AnnotationResult(graph, validation, entry.source, cached=True, uncertain=entry.uncertain)
-        # a stored graph that no longer fits (should not happen): annotate afresh and overwrite
-    result: AnnotationResult = await annotate(trajectory)
-    if not result.fallback:
-        try:
-            cache.put(key, result.graph.to_json(), result.source, result.uncertain, identity)
-        except sqlite3.Error as exc:  # e.g. locked past busy_timeout, disk full: the result is still good
-            cache.record_error("put", exc)
+        result: AnnotationResult = await annotate(trajectory)
+        if not result.fallback:
+            await run_blocking_io(store_result, cache, key, identity, result)
+            good = result
+    finally:
+        future.set_result(good)
+        if in_flight.get(key) is future:
+            del in_flight[key]
     return result
 
 

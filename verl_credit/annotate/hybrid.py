@@ -31,7 +31,11 @@ class HybridAnnotator(Annotator):
         rules_options: options of the default rule annotator.
         cache_path: sqlite cache of the final (hybrid) results.
         **llm_options: options of the default :class:`LLMAnnotator` (``base_urls``, ``model``,
-            ``concurrency``, ``timeout``, ``max_retries``, ``fallback``, ...).
+            ``concurrency``, ``timeout``, ``max_retries``, ``fallback``, ``max_model_len``,
+            ``max_prompt_tokens``, ``trust_env``, ...).
+
+    Nothing slow runs on the event loop: the rule pass runs in the rule annotator's worker
+    thread, the LLM request is asynchronous, the cache reads and writes go to the I/O pool.
     """
 
     def __init__(

@@ -559,7 +559,8 @@ class OpenAIRoleClassifier:
     times with backoff (:func:`verl_credit.openai_chat.post_chat_completion_sync`); an answer that is not
     ``{"role": <IG|AE|RV>}`` is not retried (temperature 0 repeats it). Any failure returns ``None``
     (the position prior then decides), is counted in :attr:`failures` and described in
-    :attr:`last_error`. ``transport`` lets tests answer in-process.
+    :attr:`last_error`. ``transport`` lets tests answer in-process; ``trust_env`` lets the client
+    read ``HTTP(S)_PROXY`` (off by default).
     """
 
     def __init__(
@@ -572,8 +573,9 @@ class OpenAIRoleClassifier:
         transport: Any = None,
         context_chars: int = 2000,
         backoff_s: float = 0.5,
+        trust_env: bool = False,
     ) -> None:
-        import httpx
+        from verl_credit.openai_chat import make_client
 
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.url = base_url.rstrip("/") + "/chat/completions"
@@ -584,7 +586,8 @@ class OpenAIRoleClassifier:
         self.failures = 0
         self.calls = 0
         self.last_error: str | None = None
-        self._client = httpx.Client(timeout=timeout, headers=headers, transport=transport)
+        # in-cluster endpoint: HTTP(S)_PROXY is ignored unless trust_env
+        self._client = make_client(timeout=timeout, headers=headers, transport=transport, trust_env=trust_env)
 
     def _request(self, call: CallDescription) -> dict[str, Any]:
         lines = [f"Call #{call.index}."]

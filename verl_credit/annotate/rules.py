@@ -87,6 +87,7 @@ dialogue-act patterns are English.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -794,7 +795,9 @@ class RuleAnnotator(Annotator):
         self.failures = 0  # trajectories on which the rules raised and fell back to uniform
 
     async def annotate_one(self, trajectory: Trajectory) -> AnnotationResult:
-        graph, validation, uncertain = annotate_rules(trajectory, tools=self.tools)
+        # CPU-bound (tens of ms on a long transcript): a worker thread, so an event loop that
+        # serves other sessions (verl's rollout worker) keeps serving them meanwhile.
+        graph, validation, uncertain = await asyncio.to_thread(annotate_rules, trajectory, tools=self.tools)
         if validation.fallback and any(p.startswith("U7 exception") for p in validation.problems):
             self.failures += 1
             return AnnotationResult(graph, validation, "fallback:uniform", uncertain=True, error=validation.problems[0])

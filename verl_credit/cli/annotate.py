@@ -17,6 +17,11 @@ from verl_credit.io import count_lines, load_trajectories, write_jsonl
 from verl_credit.pipeline import annotate_trajectories
 
 LLM_ANNOTATORS = ("llm", "hybrid")
+_LLM_NUMBERS = ("timeout", "max_retries", "max_model_len", "max_prompt_tokens")
+
+
+def _any_set(args: argparse.Namespace, names: tuple[str, ...]) -> bool:
+    return any(getattr(args, name) is not None for name in names)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -48,6 +53,21 @@ def add_annotator_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--fallback", choices=("rules", "uniform"), default=None, help="graph used when the LLM fails (default rules)"
     )
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="the LLM server's context length in tokens (default: read from its /v1/models; 0: no context budget)",
+    )
+    parser.add_argument(
+        "--max-prompt-tokens", type=int, default=None, help="cap on the annotation prompt's estimated tokens"
+    )
+    parser.add_argument(
+        "--trust-env",
+        action="store_true",
+        default=None,
+        help="let the LLM client use HTTP(S)_PROXY/NO_PROXY from the environment (default: ignore them)",
+    )
 
 
 def build_cli_annotator(args: argparse.Namespace) -> Annotator:
@@ -61,12 +81,15 @@ def build_cli_annotator(args: argparse.Namespace) -> Annotator:
             "timeout": args.timeout,
             "max_retries": args.max_retries,
             "fallback": args.fallback,
+            "max_model_len": args.max_model_len,
+            "max_prompt_tokens": args.max_prompt_tokens,
+            "trust_env": args.trust_env,
         }
         options = {key: value for key, value in flags.items() if value is not None}
-    elif args.base_url or args.model or args.fallback or args.timeout is not None or args.max_retries is not None:
+    elif args.base_url or args.model or args.fallback or args.trust_env or _any_set(args, _LLM_NUMBERS):
         raise ValueError(
-            f"--base-url/--model/--timeout/--max-retries/--fallback apply to the llm and hybrid "
-            f"annotators, not {args.annotator!r}"
+            f"--base-url/--model/--timeout/--max-retries/--fallback/--max-model-len/--max-prompt-tokens/"
+            f"--trust-env apply to the llm and hybrid annotators, not {args.annotator!r}"
         )
     if args.concurrency is not None and args.concurrency < 1:
         raise ValueError(f"--concurrency must be >= 1, got {args.concurrency}")

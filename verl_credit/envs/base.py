@@ -23,7 +23,8 @@ built by name (``build_environment``), so the agent loop never branches on the e
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,8 +35,10 @@ __all__ = [
     "ToolResult",
     "UserTurn",
     "build_environment",
+    "episode_over",
     "episode_task",
     "register_environment",
+    "tool_step",
 ]
 
 
@@ -82,6 +85,33 @@ class Environment(ABC):
 
     async def close(self) -> None:
         """Release resources (temp dirs, clients)."""
+
+
+@contextmanager
+def tool_step(env: Any, num_calls: int) -> Iterator[None]:
+    """Run one assistant message's tool calls as one environment step (an optional hook pair:
+    tau2's orchestrator counts the whole message as one step, see ``envs/tau2/termination.py``).
+
+    Inside the block the driver sends the message's calls to ``env.call_tool``; ``num_calls`` is how
+    many the message has (after any ``max_parallel_calls`` cut), so calls the driver answered itself
+    (bad JSON arguments, an unknown tool) still count as failed calls, as tau2's environment counts
+    them. Environments without ``begin_tool_step`` / ``end_tool_step`` are driven as before.
+    """
+    begin = getattr(env, "begin_tool_step", None)
+    if begin is None:
+        yield
+        return
+    begin()
+    try:
+        yield
+    finally:  # also on an exception, so the next message can open its own step
+        env.end_tool_step(num_calls)
+
+
+def episode_over(env: Any) -> bool:
+    """Whether ``env`` has ended the episode on its own (an optional ``episode_over`` property; tau2:
+    a step hit ``max_steps`` / ``max_errors``): the driver stops generating."""
+    return bool(getattr(env, "episode_over", False))
 
 
 def episode_task(extra_info: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -30,6 +30,7 @@ response = the tokens it generated), which verl stores as ``{uid}_{session}_{ind
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import logging
 import os
@@ -42,7 +43,8 @@ from verl.experimental.agent_loop.tool_agent_loop import AgentData, AgentState, 
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
-from verl_credit.envs.base import Environment, build_environment, episode_task
+from verl_credit.envs.base import Environment, build_environment, episode_over, episode_task, tool_step
+from verl_credit.openai_chat import strip_thinking
 from verl_credit.trajectory import Trajectory
 from verl_credit.verl.annotation import annotate_finished_trajectory
 from verl_credit.verl.settings import CreditSettings, load_settings
@@ -88,12 +90,19 @@ class RecordedAction:
 
 class EnvironmentTool(BaseTool):
     """A tool of the episode's environment, in verl's ``BaseTool`` shape so that verl's
-    ``_call_tool`` (name/JSON validation, error text, truncation) runs unchanged."""
+    ``_call_tool`` (name/JSON validation, error text, truncation) runs unchanged.
+
+    ``schema`` is kept as given: it is what the chat template renders and what the annotator
+    checks calls against. verl's ``OpenAIFunctionToolSchema`` (``tool_schema``, read by the tool
+    parser) keeps only ``type``/``description``/``enum`` of each property, so dumping it would
+    drop ``items``, ``$defs``, ``anyOf`` and nested objects from the policy's prompt.
+    """
 
     def __init__(self, schema: dict[str, Any]):
         # BaseTool.__init__ prints the schema; set its attributes directly instead.
         self.config: dict[str, Any] = {}
-        self.tool_schema = OpenAIFunctionToolSchema.model_validate(schema)
+        self.schema: dict[str, Any] = copy.deepcopy(dict(schema))
+        self.tool_schema = OpenAIFunctionToolSchema.model_validate(parser_schema(self.schema))
         self.name = self.tool_schema.function.name
 
     async def execute(
@@ -173,12 +182,11 @@ class CreditAgentLoop(ToolAgentLoop):
             tools_kwargs=kwargs.get("tools_kwargs", {}) or {},
         )
         agent_data._active_tools = tools
-        agent_data._active_tool_schemas = [
-            tool.tool_schema.model_dump(exclude_unset=True, exclude_none=True) for tool in tools.values()
-        ]
+        agent_data._active_tool_schemas = [prompt_tool_schema(tool) for tool in tools.values()]
         agent_data.credit_env = env
         agent_data.credit_action_offset = sum(1 for m in messages if m.get("role") == "assistant")
         agent_data.credit_user_replies = 0
+        agent_data.credit_dropped_calls = 0
         return agent_data, episode_info
 
     async def _run_episode(
@@ -193,10 +201,16 @@ class CreditAgentLoop(ToolAgentLoop):
             elif phase is Phase.GENERATING:
                 phase, stop_reason = await self._generate_action(agent_data, sampling_params, actions)
             elif phase is Phase.TOOLS:
-                state = await self._handle_processing_tools_state(agent_data)
-                phase, stop_reason = (
-                    (Phase.GENERATING, "") if state == AgentState.GENERATING else (Phase.DONE, "length")
-                )
+                # the turn's executed calls are one environment step (tau2 counts steps and errors so)
+                executed = min(len(agent_data.tool_calls), self.max_parallel_calls)
+                with tool_step(agent_data.credit_env, executed):
+                    state = await self._handle_processing_tools_state(agent_data)
+                if state != AgentState.GENERATING:
+                    phase, stop_reason = Phase.DONE, "length"
+                elif episode_over(agent_data.credit_env):  # e.g. tau2's max_errors / max_steps
+                    phase, stop_reason = Phase.DONE, "env_done"
+                else:
+                    phase, stop_reason = Phase.GENERATING, ""
             else:
                 phase, stop_reason = await self._user_turn(agent_data, user)
         return actions, stop_reason
@@ -225,6 +239,9 @@ class CreditAgentLoop(ToolAgentLoop):
         )
         actions.append(action)
         if state == AgentState.PROCESSING_TOOLS:
+            # verl executes (and keeps in the message) only the first max_parallel_calls calls;
+            # the others' tokens stay in the trained span: count them.
+            agent_data.credit_dropped_calls += max(0, len(agent_data.tool_calls) - self.max_parallel_calls)
             return Phase.TOOLS, ""
         if not appended:  # verl stopped on a limit before appending the message
             action.cut = self._cut_reason(agent_data)
@@ -245,7 +262,7 @@ class CreditAgentLoop(ToolAgentLoop):
             return Phase.DONE, "no_tool_call"
         if agent_data.credit_user_replies >= self.settings.user.max_turns:
             return Phase.DONE, "user_max_turns"
-        turn = await user.reply(clean_transcript(agent_data.messages, self.tokenizer.eos_token))
+        turn = await user.reply(user_view(agent_data.messages, self.tokenizer.eos_token))
         if turn.content:
             agent_data.messages.append({"role": "user", "content": turn.content})
         if turn.done or not turn.content:
@@ -311,8 +328,12 @@ class CreditAgentLoop(ToolAgentLoop):
             "truncated_action": truncated_action,
             "env": getattr(env, "name", None) if env is not None else None,
             "layout": self.settings.layout,
+            "dropped_tool_calls": int(agent_data.credit_dropped_calls),
         }
-        session_payload.update(await self._annotate(trajectory))
+        if _is_validation(kwargs) and not self.settings.annotator.in_validation:
+            session_payload["validation"] = True  # validation episodes are scored, never trained on
+        else:
+            session_payload.update(await self._annotate(trajectory))
 
         base_extra = dict(agent_data.extra_fields)
         base_extra.update({"turn_scores": agent_data.turn_scores, "tool_rewards": agent_data.tool_rewards})
@@ -414,18 +435,62 @@ class CreditAgentLoop(ToolAgentLoop):
         return action.index
 
     async def _annotate(self, trajectory: Trajectory) -> dict[str, Any]:
-        """The annotation payload, computed now (async) unless disabled; a failure leaves the
-        session without a graph so the trainer annotates it (counted) instead of losing the group."""
+        """The annotation payload, computed now (async, its CPU work in threads) unless disabled.
+
+        A failure leaves the session without a graph so the trainer annotates it (counted)
+        instead of losing the group. ``credit.annotator.deadline`` bounds one session's
+        annotation: past it the session is marked ``annotation_timeout`` and the trainer gives it
+        the configured fallback (counted), so one slow annotation cannot stall the step.
+        """
         estimator = self.settings.estimator
-        if not self.settings.annotator.in_rollout:
+        annotator = self.settings.annotator
+        if not annotator.in_rollout:
             return {}
         try:
-            return await annotate_finished_trajectory(trajectory, estimator, self.settings.annotator)
+            return await asyncio.wait_for(
+                annotate_finished_trajectory(trajectory, estimator, annotator), timeout=annotator.deadline
+            )
+        except TimeoutError:
+            logger.warning(
+                "credit_agent: annotation of %s passed credit.annotator.deadline=%ss; the trainer uses the fallback",
+                trajectory.id,
+                annotator.deadline,
+            )
+            return {"annotation_timeout": True, "annotation_error": f"deadline of {annotator.deadline}s passed"}
         except Exception as exc:  # the trainer re-annotates sessions without a graph
             logger.warning(
                 "credit_agent: annotation of %s failed (%r); the trainer will annotate it", trajectory.id, exc
             )
             return {"annotation_error": repr(exc)}
+
+
+def parser_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` in the shape verl's ``OpenAIFunctionToolSchema`` accepts (it is what verl's tool
+    parsers are given): every property needs a ``type``, which a JSON schema property written as
+    ``anyOf``/``oneOf``/``$ref`` lacks; it gets its branches' types (``object`` when none say)."""
+    fixed = copy.deepcopy(schema)
+    properties = (fixed.get("function") or {}).get("parameters", {}).get("properties") or {}
+    for name, prop in list(properties.items()):
+        if isinstance(prop, dict) and "type" not in prop:
+            branches = [b for key in ("anyOf", "oneOf") for b in prop.get(key) or [] if isinstance(b, dict)]
+            types = sorted({str(b["type"]) for b in branches if isinstance(b.get("type"), str)})
+            properties[name] = {**prop, "type": types if len(types) > 1 else (types or ["object"])[0]}
+    return fixed
+
+
+def prompt_tool_schema(tool: BaseTool) -> dict[str, Any]:
+    """The schema the chat template renders for ``tool``: an environment tool's own schema, in
+    full; for verl's configured tools the dump of verl's schema (what ``tool_agent`` renders)."""
+    if isinstance(tool, EnvironmentTool):
+        return copy.deepcopy(tool.schema)
+    return tool.tool_schema.model_dump(exclude_unset=True, exclude_none=True)
+
+
+def _is_validation(kwargs: dict[str, Any]) -> bool:
+    """Whether verl runs this episode for validation (the credit trainer tags those rows with
+    ``credit_validate``; verl's own trainers do not, so their rows count as training)."""
+    value = kwargs.get("credit_validate", False)
+    return bool(value.item() if hasattr(value, "item") else value)
 
 
 def exact_spans(actions: list[RecordedAction], response_mask: list[int]) -> list[tuple[int, int]]:
@@ -470,3 +535,21 @@ def clean_transcript(messages: list[dict[str, Any]], eos_token: str | None) -> l
                 content = content[: -len(eos_token)]
             message["content"] = content
     return cleaned
+
+
+def user_view(messages: list[dict[str, Any]], eos_token: str | None) -> list[dict[str, Any]]:
+    """The transcript the simulated user (and through it the environment) is shown:
+    :func:`clean_transcript` without the assistant's reasoning.
+
+    verl's hermes parser leaves a thinking model's ``<think>...</think>`` block in the assistant
+    content; a served Qwen3 returns it apart (``reasoning_content``), so a chat partner never sees
+    it. It is cut as the simulated users' own replies are (:func:`verl_credit.openai_chat.strip_thinking`:
+    everything up to the last ``</think>``, as Qwen3's chat template cuts history). The stored
+    transcript and the trained tokens keep it.
+    """
+    view = clean_transcript(messages, eos_token)
+    for message in view:
+        content = message.get("content")
+        if message.get("role") == "assistant" and isinstance(content, str) and "think>" in content:
+            message["content"] = strip_thinking(content)
+    return view

@@ -8,6 +8,9 @@ overlaps with the other sessions still generating) and stores the result in the 
     {"graph": <section 2.1 JSON>, "annotation": {source, cached, seconds, fallback, repaired_edges, ...}}
     {"call_graph": <CallGraph JSON>, "rv_status": [...], "annotation": {...}}       (call_credit)
 
+Everything CPU-bound here (the call classifier, the rule annotator) runs in a worker thread:
+the rollout worker's event loop serves every other session (about 64) meanwhile.
+
 The trainer only *reads* these (:func:`result_from_payload`) and annotates synchronously just the
 sessions that arrive without one (:func:`annotate_now`; counted as ``credit/annotated_in_trainer``).
 """
@@ -107,6 +110,7 @@ def result_summary(result: AnnotationResult) -> dict[str, Any]:
         "repaired_edges": int(result.validation.repaired_edges),
         "errors_added": int(result.validation.errors_added),
         "error": result.error,
+        "prompt_truncated": bool(result.prompt_truncated),
     }
 
 
@@ -122,16 +126,17 @@ async def annotate_finished_trajectory(
     if estimator == "iapo":
         annotator = annotator or rollout_annotator(settings)
         result = (await annotator.annotate_batch([trajectory]))[0]
-        return {"graph": result.graph.to_json(), "annotation": result_summary(result), **_metric_roles(trajectory)}
+        roles = await asyncio.to_thread(_metric_roles, trajectory)
+        return {"graph": result.graph.to_json(), "annotation": result_summary(result), **roles}
     if estimator == "call_credit":
         started = time.perf_counter()
-        graph, rv_status = build_call_graph(trajectory)
+        graph, rv_status = await asyncio.to_thread(build_call_graph, trajectory)
         return {
             "call_graph": graph.to_json(),
             "rv_status": rv_status,
             "annotation": {"source": "roles", "seconds": time.perf_counter() - started, "fallback": False},
         }
-    return _metric_roles(trajectory)
+    return await asyncio.to_thread(_metric_roles, trajectory)
 
 
 def _metric_roles(trajectory: Trajectory) -> dict[str, Any]:
@@ -167,6 +172,7 @@ def result_from_payload(payload: Mapping[str, Any], num_actions: int) -> Annotat
         seconds=float(summary.get("seconds", 0.0)),
         uncertain=bool(summary.get("uncertain", False)),
         error=summary.get("error"),
+        prompt_truncated=bool(summary.get("prompt_truncated", False)),
     )
 
 

@@ -9,21 +9,43 @@ Notation:
     rows: training rows of the batch. B: sessions (trajectories). S: most spans in a row.
     spans of a row: ``(action, start, end)``, ``action`` indexing the session's assistant
     messages, ``[start, end)`` offsets into the row's response.
+
+:func:`plan_mini_batches` sizes the actor's mini-batches *in rows* so that a ``per_request`` step
+(one row per model request) makes as many optimizer updates as the same step in the ``merged``
+layout (one row per session), see its docstring for verl's rules it satisfies.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from verl_credit.credit.tokens import spans_from_response_mask
 
-__all__ = ["CREDIT_KEY", "Session", "build_span_tensors", "group_sessions", "session_spans"]
+__all__ = [
+    "CREDIT_KEY",
+    "VALIDATE_KEY",
+    "MiniBatchPlan",
+    "Session",
+    "ValidationBatches",
+    "build_span_tensors",
+    "count_sessions",
+    "group_sessions",
+    "plan_mini_batches",
+    "session_spans",
+    "tag_validation_batch",
+]
 
 CREDIT_KEY = "credit"
+#: column the credit trainer adds to every validation batch (True per row); verl hands each
+#: column of a batch to ``AgentLoopBase.run(**kwargs)``, so the agent loop sees
+#: ``kwargs["credit_validate"]`` on validation episodes only
+VALIDATE_KEY = "credit_validate"
 Span = tuple[int, int, int]
 
 
@@ -156,3 +178,127 @@ def build_span_tensors(spans_per_row: Sequence[Sequence[Span]]) -> tuple[torch.T
         for column, (a, s, e) in enumerate(sorted(row_spans, key=lambda span: span[1])):
             action[row, column], start[row, column], end[row, column] = a, s, e
     return action, start, end
+
+
+def count_sessions(keys: Sequence[str], tags: Sequence[Mapping[str, Any]]) -> int:
+    """Sessions among the rows (padding rows excluded)."""
+    return len({split_key(key)[0] for key, tag in zip(keys, tags, strict=True) if not tag.get("is_padding", False)})
+
+
+@dataclass(frozen=True)
+class MiniBatchPlan:
+    """One step's optimizer updates, per training role (``actor``, ``critic``).
+
+    ``batch_multiple``: what verl pads the batch to a multiple of (``_get_required_batch_multiple``);
+    ``padded_rows``: the batch after that padding; ``updates[role]``: optimizer updates per epoch;
+    ``mini_batch_rows[role]``: the ``mini_batch_size`` (= ``global_batch_size``) the role's
+    ``train_mini_batch`` gets, ``padded_rows == updates * mini_batch_rows``.
+    """
+
+    rows: int
+    sessions: int
+    padded_rows: int
+    batch_multiple: int
+    updates: Mapping[str, int]
+    mini_batch_rows: Mapping[str, int]
+
+    @property
+    def rows_per_session(self) -> float:
+        return self.rows / self.sessions
+
+
+def plan_mini_batches(
+    rows: int,
+    sessions: int,
+    mini_batch_sessions: Mapping[str, int],
+    dp_size: int = 1,
+    micro_batch_sizes: Mapping[str, int] | None = None,
+    forward_micro_batch_sizes: Sequence[int] = (),
+) -> MiniBatchPlan:
+    """Mini-batches in rows that give a step of ``rows`` rows (``sessions`` sessions) the optimizer
+    updates the same sessions get in the merged layout (one row per session).
+
+    verl 0.9.1 (V1 trainer, engine workers) splits by rows: ``_balance_batch`` pads the batch to a
+    multiple of ``lcm(dp, ppo_mini_batch_size * n, ...)`` (``_get_required_batch_multiple``), each
+    dp rank gets ``rows / dp`` rows and ``TrainingWorker.train_mini_batch`` makes
+    ``(rows / dp) // (mini_batch_size / dp)`` optimizer steps per epoch, asserting
+    ``mini_batch_size % dp == 0`` and (``tu.make_iterator``) that ``mini_batch_size / dp`` divides
+    ``rows / dp``; without dynamic batch size ``prepare_micro_batches`` asserts that the micro-batch
+    size per GPU divides every mini-batch (training) and every rank's rows (forward passes).
+
+    Merged: ``P = ceil(sessions / L) * L`` rows with ``L = lcm(dp, *mini_batch_sessions)`` and
+    ``updates[role] = P / mini_batch_sessions[role]``. Here: the batch is padded to a multiple of
+    ``lcm(dp * f for f in forward_micro_batch_sizes, updates[role] * dp * micro_batch_sizes[role])``,
+    so ``mini_batch_rows[role] = padded_rows / updates[role]`` satisfies every rule above.
+
+    Args:
+        rows: real rows of the step (no padding yet).
+        sessions: sessions among them.
+        mini_batch_sessions: per role, sessions per update (``ppo_mini_batch_size * rollout.n``).
+        dp_size: data-parallel ranks of the actor.
+        micro_batch_sizes: per role, the training micro-batch size per GPU (1 with dynamic bsz).
+        forward_micro_batch_sizes: micro-batch sizes per GPU of the forward passes over the whole
+            batch (old log-probs, reference, values; 1 with dynamic bsz).
+
+    Raises:
+        ValueError: a size below 1 or fewer rows than sessions.
+    """
+    micro = dict(micro_batch_sizes or {})
+    sizes = [dp_size, *mini_batch_sessions.values(), *micro.values(), *forward_micro_batch_sizes]
+    if sessions < 1 or rows < sessions or any(int(size) < 1 for size in sizes):
+        raise ValueError(
+            f"plan_mini_batches: need 1 <= sessions <= rows and sizes >= 1, got rows={rows}, sessions={sessions}, "
+            f"mini_batch_sessions={dict(mini_batch_sessions)}, dp_size={dp_size}, micro={micro}, "
+            f"forward_micro={list(forward_micro_batch_sizes)}"
+        )
+    merged_multiple = math.lcm(dp_size, *mini_batch_sessions.values())
+    merged_rows = -(-sessions // merged_multiple) * merged_multiple
+    updates = {role: merged_rows // size for role, size in mini_batch_sessions.items()}
+    multiple = math.lcm(
+        dp_size,
+        *(dp_size * int(size) for size in forward_micro_batch_sizes),
+        *(updates[role] * dp_size * int(micro.get(role, 1)) for role in updates),
+    )
+    padded = -(-rows // multiple) * multiple
+    return MiniBatchPlan(
+        rows=rows,
+        sessions=sessions,
+        padded_rows=padded,
+        batch_multiple=multiple,
+        updates=updates,
+        mini_batch_rows={role: padded // count for role, count in updates.items()},
+    )
+
+
+def tag_validation_batch(batch_dict: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of a validation dataloader batch with :data:`VALIDATE_KEY` = True on every row (an
+    object array of Python bools, the way verl turns ``uid`` into a per-row column)."""
+    tagged = dict(batch_dict)
+    if "raw_prompt" in tagged:
+        size = len(tagged["raw_prompt"])
+    else:
+        size = len(next(iter(tagged.values()))) if tagged else 0
+    column = np.empty(size, dtype=object)
+    column[:] = True
+    tagged[VALIDATE_KEY] = column
+    return tagged
+
+
+class ValidationBatches:
+    """Iterable over a validation dataloader's batches, each tagged by :func:`tag_validation_batch`;
+    every other attribute (``len``, ``batch_size``, ``state_dict`` ...) is the loader's."""
+
+    def __init__(self, loader: Iterable[Mapping[str, Any]]):
+        self.loader = loader
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for batch_dict in self.loader:
+            yield tag_validation_batch(batch_dict)
+
+    def __len__(self) -> int:
+        return len(self.loader)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "loader":  # not set yet (copy/unpickle): no recursion
+            raise AttributeError(name)
+        return getattr(self.loader, name)

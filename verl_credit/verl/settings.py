@@ -15,12 +15,22 @@ frozen dataclasses:
 Every bad value raises ``ValueError`` whose message starts with the full key (``credit.layout``,
 ``credit.annotator.timeout`` ...). No verl import here: ``verl_credit.verl.main`` calls
 :func:`load_settings` before Ray is started.
+
+``credit.annotator.cache_path`` may contain ``{hostname}``: :func:`load_settings` replaces it with
+the host name of the process that loads the settings (every rollout worker and the trainer load
+them on their own node), so a shared folder holds one sqlite file per node.
+:func:`check_cache_location` (called by ``verl_credit.verl.main.validate``) refuses a cache on a
+network filesystem shared by several nodes.
 """
 
 from __future__ import annotations
 
+import os
+import re
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from verl_credit.config import CreditConfig, build_section
@@ -28,14 +38,21 @@ from verl_credit.config import CreditConfig, build_section
 __all__ = [
     "CREDIT_ESTIMATORS",
     "CREDIT_TRAINER_MODE",
+    "HOSTNAME_PLACEHOLDER",
     "LAYOUTS",
+    "MOUNTS_PATH",
+    "NETWORK_FS_TYPES",
     "AnnotatorSettings",
     "CreditSettings",
     "DebugSettings",
     "EnvSettings",
     "UserSettings",
+    "check_cache_location",
     "check_trainer_selection",
     "estimator_needs_credit_trainer",
+    "expand_cache_path",
+    "filesystem_of",
+    "is_network_filesystem",
     "load_settings",
     "wrong_trainer_message",
 ]
@@ -49,6 +66,38 @@ LAYOUTS: tuple[str, ...] = ("merged", "per_request")
 ANNOTATOR_FALLBACKS: tuple[str, ...] = ("rules", "uniform")
 USER_KINDS: tuple[str, ...] = ("env", "llm", "scripted", "none")
 _CREDIT_MATH_KEYS = ("estimator", "norm_adv_by_std_in_grpo", "epsilon", "iapo", "call_credit")
+#: replaced in ``credit.annotator.cache_path`` by the loading process's host name (one file per node)
+HOSTNAME_PLACEHOLDER = "{hostname}"
+#: mount table read by :func:`check_cache_location` (tests pass a fake one)
+MOUNTS_PATH = "/proc/mounts"
+#: filesystem types (``/proc/mounts`` third field) treated as network/cluster filesystems; also
+#: every FUSE filesystem (``fuse`` / ``fuse.*``: sshfs, s3fs, gcsfuse, rclone, juicefs, ... -- we
+#: cannot vouch for their locking), but not ``fuseblk`` (a local block device, e.g. ntfs-3g)
+NETWORK_FS_TYPES: frozenset[str] = frozenset(
+    {
+        "nfs",
+        "nfs4",
+        "cifs",
+        "smb3",
+        "smbfs",
+        "lustre",
+        "gpfs",
+        "beegfs",
+        "ceph",
+        "glusterfs",
+        "gfs2",
+        "ocfs2",
+        "afs",
+        "9p",
+        "panfs",
+        "wekafs",
+        "orangefs",
+        "pvfs2",
+        "davfs",
+        "ncpfs",
+        "coda",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -72,7 +121,24 @@ class AnnotatorSettings:
     fallback: str = "rules"
     """After a final LLM failure: ``rules`` or ``uniform`` (counted in ``credit/fallback_rate``)."""
     cache_path: str | None = None
-    """sqlite graph cache shared by all processes (``null``: no cache)."""
+    """sqlite graph cache shared by the processes of one node (``null``: no cache). Use node-local
+    disk: sqlite's WAL mode needs every process of a database on one host, so a path on a network
+    filesystem is refused for ``trainer.nnodes > 1`` unless it contains ``{hostname}`` (one file
+    per node; :func:`load_settings` fills it in)."""
+    in_validation: bool = False
+    """Annotate validation episodes too. Off: validation rollouts carry no graph (saves e.g. 100
+    LLM-annotator calls per ``trainer.test_freq``)."""
+    deadline: float | None = 300.0
+    """Seconds one session's annotation may take in the rollout worker; on expiry the session gets
+    the fallback (counted) instead of stalling the step. ``null``: no deadline."""
+    max_model_len: int | None = None
+    """``llm``/``hybrid``: the annotator server's context length, for the prompt's token budget
+    (``null``: asked from the server's ``/v1/models`` once; ``0``: no budget). Over-long prompts
+    are cut in the middle of long texts (never an action), counted in ``credit/truncated_prompts``."""
+    max_prompt_tokens: int | None = None
+    """``llm``/``hybrid``: a cap on the prompt's estimated tokens (``null``: only the context length)."""
+    trust_env: bool = False
+    """``llm``/``hybrid``: let the HTTP client read ``HTTP(S)_PROXY`` (off: in-cluster endpoints go direct)."""
 
     def __post_init__(self) -> None:
         _require(bool(self.name), "credit.annotator.name", "must be a registered annotator name", self.name)
@@ -80,10 +146,38 @@ class AnnotatorSettings:
         _require(self.concurrency >= 1, "credit.annotator.concurrency", "must be >= 1", self.concurrency)
         _require(self.max_retries >= 0, "credit.annotator.max_retries", "must be >= 0", self.max_retries)
         _require(
+            self.max_model_len is None or (_is_int(self.max_model_len) and self.max_model_len >= 0),
+            "credit.annotator.max_model_len",
+            "must be an integer >= 0 (0: no budget) or null (ask the server)",
+            self.max_model_len,
+        )
+        _require(
+            self.max_prompt_tokens is None or (_is_int(self.max_prompt_tokens) and self.max_prompt_tokens > 0),
+            "credit.annotator.max_prompt_tokens",
+            "must be an integer > 0 or null",
+            self.max_prompt_tokens,
+        )
+        _require(
+            isinstance(self.trust_env, bool), "credit.annotator.trust_env", "must be true or false", self.trust_env
+        )
+        _require(
             self.fallback in ANNOTATOR_FALLBACKS,
             "credit.annotator.fallback",
             f"must be one of {ANNOTATOR_FALLBACKS}",
             self.fallback,
+        )
+        _require(
+            isinstance(self.in_validation, bool),
+            "credit.annotator.in_validation",
+            "must be true or false",
+            self.in_validation,
+        )
+        _require(
+            self.deadline is None
+            or (isinstance(self.deadline, int | float) and not isinstance(self.deadline, bool) and self.deadline > 0),
+            "credit.annotator.deadline",
+            "must be > 0 seconds or null (no deadline)",
+            self.deadline,
         )
         if self.name in ("llm", "hybrid"):
             _require(
@@ -96,7 +190,8 @@ class AnnotatorSettings:
 
     def annotator_options(self) -> dict[str, Any]:
         """Constructor options for ``build_annotator`` (the set ones; ``cache_path`` is handled by
-        ``verl_credit.verl.annotation.make_annotator``)."""
+        ``verl_credit.verl.annotation.make_annotator``; ``in_rollout``, ``in_validation`` and
+        ``deadline`` are read by the agent loop, not by the annotator)."""
         options: dict[str, Any] = {
             "base_urls": list(self.base_urls),
             "model": self.model,
@@ -104,8 +199,11 @@ class AnnotatorSettings:
             "concurrency": self.concurrency,
             "max_retries": self.max_retries,
             "fallback": self.fallback,
+            "max_model_len": self.max_model_len,  # 0 (no budget) is a set value: kept
+            "max_prompt_tokens": self.max_prompt_tokens,
+            "trust_env": self.trust_env,
         }
-        return {key: value for key, value in options.items() if value not in (None, [])}
+        return {key: value for key, value in options.items() if value is not None and value != []}
 
 
 @dataclass(frozen=True)
@@ -132,6 +230,8 @@ class UserSettings:
     """The ``llm`` user ends the conversation by writing this token."""
     script: tuple[str, ...] = ()
     """Replies of the ``scripted`` user (a row's ``extra_info.user_script`` wins)."""
+    trust_env: bool = False
+    """Let the ``llm`` user's HTTP client read ``HTTP(S)_PROXY`` (off: in-cluster endpoints go direct)."""
 
     def __post_init__(self) -> None:
         _require(self.name in USER_KINDS, "credit.user.name", f"must be one of {USER_KINDS}", self.name)
@@ -144,6 +244,7 @@ class UserSettings:
         _require(self.max_retries >= 0, "credit.user.max_retries", "must be >= 0", self.max_retries)
         _require(self.max_turns >= 0, "credit.user.max_turns", "must be >= 0", self.max_turns)
         _require(bool(self.stop_token), "credit.user.stop_token", "must be a non-empty string", self.stop_token)
+        _require(isinstance(self.trust_env, bool), "credit.user.trust_env", "must be true or false", self.trust_env)
 
 
 @dataclass(frozen=True)
@@ -211,6 +312,8 @@ def load_settings(config: Any) -> CreditSettings:
                 "set algorithm.adv_estimator (credit.estimator follows it by interpolation)"
             )
     annotator_values = dict(values.get("annotator") or {})
+    if annotator_values.get("cache_path"):
+        annotator_values["cache_path"] = expand_cache_path(str(annotator_values["cache_path"]))
     if "base_urls" in annotator_values:
         urls = annotator_values["base_urls"]
         annotator_values["base_urls"] = tuple([urls] if isinstance(urls, str) else (urls or ()))
@@ -227,6 +330,97 @@ def load_settings(config: Any) -> CreditSettings:
         user=build_section(UserSettings, user_values, "credit.user"),
         env=build_section(EnvSettings, env_values, "credit.env"),
         debug=build_section(DebugSettings, dict(values.get("debug") or {}), "credit.debug"),
+    )
+
+
+def expand_cache_path(path: str, hostname: str | None = None) -> str:
+    """``path`` with ``~`` expanded and every ``{hostname}`` replaced by ``hostname`` (default: this
+    process's host name, ``socket.gethostname()``)."""
+    if HOSTNAME_PLACEHOLDER in path:
+        host = hostname if hostname is not None else socket.gethostname()
+        path = path.replace(HOSTNAME_PLACEHOLDER, host.replace(os.sep, "_") or "localhost")
+    return os.path.expanduser(path)
+
+
+def is_network_filesystem(fs_type: str) -> bool:
+    """Whether a ``/proc/mounts`` filesystem type is a network/cluster filesystem (see
+    :data:`NETWORK_FS_TYPES`; every ``fuse``/``fuse.*`` counts, ``fuseblk`` does not)."""
+    fs_type = fs_type.lower()
+    return fs_type in NETWORK_FS_TYPES or fs_type == "fuse" or fs_type.startswith("fuse.")
+
+
+_MOUNT_ESCAPE = re.compile(r"\\([0-7]{3})")
+
+
+def filesystem_of(
+    path: str | os.PathLike[str], mounts_path: str | os.PathLike[str] = MOUNTS_PATH
+) -> tuple[str, str] | None:
+    """``(mount point, filesystem type)`` of the mount holding ``path`` (which need not exist yet:
+    symlinks of its existing part are resolved), from a ``/proc/mounts``-format table; the longest
+    matching mount point wins, and of equal ones the last (the one mounted on top). ``None`` when
+    the table cannot be read (not Linux) or has no match."""
+    try:
+        lines = Path(mounts_path).read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    target = os.path.realpath(os.path.expanduser(os.fspath(path)))
+    best: tuple[str, str] | None = None
+    for line in lines:
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        mount_point = _MOUNT_ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), parts[1])
+        prefix = mount_point.rstrip("/")
+        if target != mount_point and not target.startswith(prefix + "/"):
+            continue
+        if best is None or len(mount_point) >= len(best[0]):
+            best = (mount_point, parts[2])
+    return best
+
+
+def check_cache_location(
+    config: Any, *, mounts_path: str | os.PathLike[str] = MOUNTS_PATH, hostname: str | None = None
+) -> str | None:
+    """Start-up check of ``credit.annotator.cache_path`` against this node's mount table.
+
+    The graph cache is sqlite in WAL mode, which needs all processes of one database on one host
+    (its ``-shm`` index is shared memory) and file locks a network filesystem may not honour.
+
+    Raises:
+        ValueError: the path is on a network filesystem (:func:`is_network_filesystem`) while
+            ``trainer.nnodes > 1`` and it has no ``{hostname}`` part, so every node would open the
+            same file.
+
+    Returns:
+        a warning for any other path on a network filesystem (one node, or one file per node),
+        else ``None`` (no cache, a local filesystem, or no readable mount table). Only this node's
+        mounts are seen: a path that is local here is trusted to be local on every node.
+    """
+    node, _ = _split(config)
+    annotator = _to_plain((node or {}).get("annotator")) or {}
+    raw = annotator.get("cache_path") if isinstance(annotator, Mapping) else None
+    if not raw:
+        return None
+    raw = str(raw)
+    trainer = config.get("trainer") if hasattr(config, "get") and "trainer" in config else None
+    nnodes = int((trainer or {}).get("nnodes", 1) or 1)
+    found = filesystem_of(expand_cache_path(raw, hostname), mounts_path)
+    if found is None or not is_network_filesystem(found[1]):
+        return None
+    mount_point, fs_type = found
+    where = f"credit.annotator.cache_path={raw!r} is on a network filesystem ({fs_type} mounted at {mount_point})"
+    if nnodes > 1 and HOSTNAME_PLACEHOLDER not in raw:
+        raise ValueError(
+            f"{where} and trainer.nnodes={nnodes}: the sqlite graph cache runs in WAL mode, which cannot be "
+            f"shared by processes on several hosts (nor safely over a network filesystem). Use node-local disk "
+            f"(the recipes' CACHE_DIR, default ${{TMPDIR:-/tmp}}/verl_credit/<project>/<experiment>), one file per "
+            f"node with the {HOSTNAME_PLACEHOLDER} placeholder (quoted for Hydra: "
+            f"credit.annotator.cache_path='{mount_point.rstrip('/')}/.../{HOSTNAME_PLACEHOLDER}/graphs.sqlite'), "
+            f"or credit.annotator.cache_path=null (no cache)"
+        )
+    return (
+        f"{where}: sqlite's WAL mode over a network filesystem is slow and its locking may be unreliable; "
+        f"prefer node-local disk (e.g. ${{TMPDIR:-/tmp}})"
     )
 
 
@@ -305,3 +499,7 @@ def _is_credit_trainer(mode: Any) -> bool:
 
     cls = TRAINER_REGISTRY.get(str(mode))
     return isinstance(cls, type) and issubclass(cls, CreditTrainerSync)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

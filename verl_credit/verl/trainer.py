@@ -18,6 +18,19 @@ Per step (``CreditTrainerSync._compute_advantage``), on the batch already in Tra
 
 With uniform graphs (or ``algorithm.adv_estimator=grpo``) the written advantages equal verl's
 GRPO advantages bit-for-bit.
+
+Around the advantage step:
+
+* ``credit.layout=per_request`` (one row per model request): verl sizes actor/critic
+  mini-batches in rows (``ppo_mini_batch_size * rollout.n``), which would multiply the optimizer
+  updates by the rows per session; ``_balance_batch`` pads the step to the multiple
+  :func:`verl_credit.verl.batch.plan_mini_batches` needs and ``_update_actor``/``_update_critic``
+  train with its mini-batch size in rows, so a step makes merged's number of updates
+  (``credit/optimizer_updates``, ``credit/mini_batch_rows``, ``credit/padding_rows``);
+* ``_validate`` tags every validation row ``credit_validate=True`` (it reaches the agent loop's
+  ``run(**kwargs)``);
+* ``algorithm.filter_groups`` (DAPO dynamic sampling) is verl's own sampler: ``reward`` or
+  ``env_reward`` (:func:`check_filter_groups`); ``credit/zero_adv_groups`` shows what is left.
 """
 
 from __future__ import annotations
@@ -75,10 +88,14 @@ from verl_credit.routing import BatchCredit, compute_batch_credit, route_token_a
 from verl_credit.trajectory import Trajectory
 from verl_credit.verl.annotation import annotate_now, build_call_graph, result_from_payload
 from verl_credit.verl.batch import (
+    MiniBatchPlan,
     Session,
+    ValidationBatches,
     build_span_tensors,
+    count_sessions,
     credit_payload,
     group_sessions,
+    plan_mini_batches,
     session_lengths,
     session_spans,
 )
@@ -93,6 +110,7 @@ from verl_credit.verl.settings import (
 
 __all__ = [
     "CREDIT_STATE_FILE",
+    "FILTER_GROUPS_METRICS",
     "CallExtrasState",
     "CreditStep",
     "CreditTrainerSync",
@@ -100,6 +118,7 @@ __all__ = [
     "SessionInputs",
     "SessionReplayer",
     "apply_call_extras",
+    "check_filter_groups",
     "compute_credit_advantages",
     "load_credit_state",
     "read_sessions",
@@ -116,6 +135,9 @@ Annotate = Callable[[Sequence[Trajectory], AnnotatorSettings], list[AnnotationRe
 
 #: the trainer's own state in a checkpoint's ``global_step_N`` folder (next to verl's ``data.pt``)
 CREDIT_STATE_FILE = "credit_state.json"
+#: ``algorithm.filter_groups.metric`` values verl's sampler finds on credit_agent rows with an
+#: environment reward: ``reward`` (verl's canonical ``rm_scores``) and ``env_reward``
+FILTER_GROUPS_METRICS: tuple[str, ...] = ("reward", "env_reward")
 
 
 @dataclass
@@ -213,12 +235,15 @@ def compute_credit_advantages(
         graphs=found.graphs,
         call_graphs=found.call_graphs if found.call_graphs is not None else found.role_graphs,
         rewards=inputs.scores,
+        groups=[s.uid for s in sessions],
     )
     if rv_total is not None:
         metrics["credit/rv_reward_per_session"] = rv_total / len(sessions)
     metrics.update(extra_metrics)
     metrics["credit/annotated_in_trainer"] = float(found.annotated_in_trainer)
     metrics["credit/missing_transcript"] = float(found.missing_transcript)
+    metrics["credit/annotation_timeouts"] = float(sum(_timed_out(p) for p in inputs.payloads))
+    metrics["credit/dropped_tool_calls"] = float(sum(_count(p.get("dropped_tool_calls")) for p in inputs.payloads))
     metrics["credit/sessions"] = float(len(sessions))
     metrics["credit/rows_per_session"] = float(sum(len(s.rows) for s in sessions)) / len(sessions)
     return CreditStep(advantages, credit, sessions, metrics, config)
@@ -650,6 +675,10 @@ def _trajectory(session: Session, payload: Mapping[str, Any], reward: float, len
     return trajectory
 
 
+#: ``error`` of the fallback a session gets when its in-rollout annotation passed its deadline
+TIMEOUT_ERROR = "in-rollout annotation passed credit.annotator.deadline"
+
+
 def _influence_graphs(
     sessions: list[Session],
     inputs: SessionInputs,
@@ -658,9 +687,16 @@ def _influence_graphs(
     found: SessionGraphs,
 ) -> list[AnnotationResult]:
     """The stored graph of each session; sessions without one are annotated now (counted), and
-    sessions without a transcript fall back to the uniform graph (counted)."""
+    sessions without a transcript fall back to the uniform graph (counted).
+
+    A session whose in-rollout annotation passed its deadline (``annotation_timeout``) is never
+    sent to the configured annotator again (an LLM would stall the step the same way): it gets
+    ``credit.annotator.fallback`` -- the rule annotator (``rules``) or the uniform graph
+    (``uniform``) -- marked ``fallback:*`` so ``credit/fallback_rate`` counts it.
+    """
     results: list[AnnotationResult | None] = []
     pending: list[int] = []
+    timed_out: list[int] = []
     for number, (payload, trajectory) in enumerate(zip(inputs.payloads, inputs.trajectories, strict=True)):
         num_actions = len(inputs.lengths[number])
         result = result_from_payload(payload, num_actions)
@@ -673,6 +709,16 @@ def _influence_graphs(
                 "fallback:uniform",
                 error="no transcript in extra_fields (agent loop is not credit_agent)",
             )
+        elif result is None and _timed_out(payload):
+            if settings.fallback == "rules":
+                timed_out.append(number)
+            else:
+                result = AnnotationResult(
+                    InfluenceGraph.uniform(num_actions),
+                    GraphValidation(fallback=True),
+                    "fallback:uniform",
+                    error=TIMEOUT_ERROR,
+                )
         elif result is None:
             pending.append(number)
         results.append(result)
@@ -681,7 +727,22 @@ def _influence_graphs(
         annotated = annotate([inputs.trajectories[n] for n in pending], settings)  # type: ignore[misc]
         for number, result in zip(pending, annotated, strict=True):
             results[number] = result
+    if timed_out:
+        rules = replace(settings, name="rules", cache_path=None)
+        annotated = annotate([inputs.trajectories[n] for n in timed_out], rules)  # type: ignore[misc]
+        for number, result in zip(timed_out, annotated, strict=True):
+            results[number] = replace(result, source="fallback:rules", error=result.error or TIMEOUT_ERROR)
     return [result for result in results if result is not None]
+
+
+def _timed_out(payload: Mapping[str, Any]) -> bool:
+    """Whether the agent loop marked the session's in-rollout annotation as past its deadline."""
+    return bool(payload.get("annotation_timeout", False))
+
+
+def _count(value: Any) -> int:
+    """A non-negative count recorded in a payload (anything else: 0)."""
+    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) and value > 0 else 0
 
 
 def _call_graphs(
@@ -717,7 +778,12 @@ class CreditTrainerSync(PPOTrainerSync):
     """verl's synchronous V1 trainer; only the advantage step differs."""
 
     def __init__(self, config: DictConfig):
-        settings = load_settings(config)  # fails before any worker starts
+        # The start-up checks of ``python -m verl_credit.main`` again, for verl's own entry point
+        # (``verl.trainer.main_ppo --config-name=credit_trainer``): before any worker is built.
+        from verl_credit.verl.main import validate
+
+        settings = validate(config)
+        check_filter_groups(config, settings)
         with open_dict(config):
             # The mode string also selects the replay buffer, refill and checkpoint behaviour
             # (VERL_NOTES section 1): keep verl's "sync" semantics.
@@ -843,9 +909,101 @@ class CreditTrainerSync(PPOTrainerSync):
             }
         return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=output)
 
+    # -- per_request: optimizer updates per step as in the merged layout ----------------------
+
+    def _balance_batch(self, batch: KVBatchMeta, metrics, logging_prefix="global_seqlen", keep_minibatch=False):
+        """verl's padding + dp balancing; for ``credit.layout=per_request`` the padding multiple and
+        the mini-batch sizes in rows come from :func:`plan_mini_batches` (computed with the dp size
+        verl determines here), so the step makes merged's number of optimizer updates."""
+        self._mini_batch_plan: MiniBatchPlan | None = None
+        sessions = count_sessions(batch.keys, batch.tags) if self.credit_settings.layout == "per_request" else 0
+        self._plan_request = (len(batch), sessions) if sessions and self._mini_batch_sessions() else None
+        try:
+            balanced = super()._balance_batch(
+                batch, metrics=metrics, logging_prefix=logging_prefix, keep_minibatch=keep_minibatch
+            )
+        finally:
+            self._plan_request = None
+        plan = self._mini_batch_plan
+        if plan is not None:
+            if len(balanced) != plan.padded_rows:
+                raise RuntimeError(
+                    f"credit: the balanced batch has {len(balanced)} rows; the mini-batch plan expects "
+                    f"{plan.padded_rows}"
+                )
+            metrics["credit/padding_rows"] = float(plan.padded_rows - plan.rows)
+        return balanced
+
+    def _get_required_batch_multiple(self, dp_size: int) -> int:
+        request = getattr(self, "_plan_request", None)
+        if request is None:
+            return super()._get_required_batch_multiple(dp_size)
+        rows, sessions = request
+        micro, forward = self._micro_batch_sizes()
+        plan = plan_mini_batches(rows, sessions, self._mini_batch_sessions(), dp_size, micro, forward)
+        self._mini_batch_plan = plan
+        return plan.batch_multiple
+
+    def _mini_batch_sessions(self) -> dict[str, int]:
+        """Sessions per optimizer update of each role that trains this step (verl's
+        ``ppo_mini_batch_size * rollout.n``; the roles verl's ``_get_required_batch_multiple`` counts)."""
+        n = int(self.config.actor_rollout_ref.rollout.n)
+        sizes: dict[str, int] = {}
+        if self.use_critic:
+            sizes["critic"] = int(self.config.critic.ppo_mini_batch_size) * n
+        if self.config.trainer.critic_warmup <= getattr(self, "global_steps", 0):
+            sizes["actor"] = int(self.config.actor_rollout_ref.actor.ppo_mini_batch_size) * n
+        return sizes
+
+    def _micro_batch_sizes(self) -> tuple[dict[str, int], list[int]]:
+        """Micro-batch sizes per GPU that must divide a mini-batch (training) or a rank's rows
+        (forward passes) -- verl's ``prepare_micro_batches`` asserts it without dynamic bsz."""
+        ref = self.config.actor_rollout_ref
+
+        def size(node: Any, dynamic: str, key: str) -> int:
+            return 1 if node.get(dynamic, False) else int(node.get(key, None) or 1)
+
+        micro = {"actor": size(ref.actor, "use_dynamic_bsz", "ppo_micro_batch_size_per_gpu")}
+        forward = [size(ref.rollout, "log_prob_use_dynamic_bsz", "log_prob_micro_batch_size_per_gpu")]
+        if self.use_reference_policy:
+            forward.append(size(ref.ref, "log_prob_use_dynamic_bsz", "log_prob_micro_batch_size_per_gpu"))
+        if self.use_critic:
+            critic = self.config.critic
+            micro["critic"] = size(critic, "use_dynamic_bsz", "ppo_micro_batch_size_per_gpu")
+            forward.append(size(critic, "use_dynamic_bsz", "forward_micro_batch_size_per_gpu"))
+        return micro, forward
+
+    def _planned_rows(self, role: str) -> int | None:
+        plan = getattr(self, "_mini_batch_plan", None)
+        return plan.mini_batch_rows.get(role) if plan is not None else None
+
+    def _update_critic(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        """verl's critic update; per_request: with the planned mini-batch size in rows."""
+        rows = self._planned_rows("critic")
+        if rows is None:
+            return super()._update_critic(batch, metrics)
+        self.critic_wg = _MiniBatchRows(self.critic_wg, "train_mini_batch", rows)
+        try:
+            return super()._update_critic(batch, metrics)
+        finally:
+            self.critic_wg = self.critic_wg.group
+
+    def _validate(self) -> dict[str, float]:
+        """verl's validation with every validation row tagged ``credit_validate=True``: the column
+        reaches ``CreditAgentLoop.run(**kwargs)`` (verl passes a batch's columns as kwargs), so the
+        agent loop can tell validation episodes from training ones."""
+        loader = self.val_dataloader
+        self.val_dataloader = ValidationBatches(loader)
+        try:
+            return super()._validate()
+        finally:
+            self.val_dataloader = loader
+
     def _update_actor(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         """verl's actor update; with ``credit.debug.dump_dir`` set, the step's dump is written first,
-        with the advantages read back from TransferQueue exactly as the actor is about to read them."""
+        with the advantages read back from TransferQueue exactly as the actor is about to read them.
+        per_request: the mini-batch size in rows is the planned one (``_balance_batch``), so the
+        update count is merged's; ``credit/optimizer_updates`` is logged for both layouts."""
         pending = getattr(self, "_pending_dump", None)
         folder = self.credit_settings.debug.dump_dir
         if folder and pending is not None and list(batch.keys) == pending["keys"]:
@@ -860,7 +1018,62 @@ class CreditTrainerSync(PPOTrainerSync):
             pending["credit_state"] = self.call_extras.state_dict()
             write_step_dump(folder, int(self.global_steps), pending)
             self._pending_dump = None
-        return super()._update_actor(batch, metrics)
+        actor = self.config.actor_rollout_ref.actor
+        rows = self._planned_rows("actor")
+        size = (
+            rows if rows is not None else int(actor.ppo_mini_batch_size) * int(self.config.actor_rollout_ref.rollout.n)
+        )
+        metrics["credit/mini_batch_rows"] = float(size)
+        metrics["credit/optimizer_updates"] = float(len(batch) // size * int(actor.ppo_epochs))
+        if rows is None:
+            return super()._update_actor(batch, metrics)
+        self.actor_rollout_wg = _MiniBatchRows(self.actor_rollout_wg, "update_actor", rows)
+        try:
+            return super()._update_actor(batch, metrics)
+        finally:
+            self.actor_rollout_wg = self.actor_rollout_wg.group
+
+
+class _MiniBatchRows:
+    """A worker group whose ``method`` trains with ``mini_batch_size = global_batch_size = rows``
+    (set in the batch's ``extra_info`` after verl's own values); everything else is the group's."""
+
+    def __init__(self, group: Any, method: str, rows: int):
+        self.group = group
+        self.method = method
+        self.rows = rows
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("group", "method", "rows"):
+            raise AttributeError(name)
+        if name != self.method:
+            return getattr(self.group, name)
+        forward = getattr(self.group, name)
+
+        def train(batch: KVBatchMeta, *args: Any, **kwargs: Any) -> Any:
+            batch.extra_info.update(mini_batch_size=self.rows, global_batch_size=self.rows)
+            return forward(batch, *args, **kwargs)
+
+        return train
+
+
+def check_filter_groups(config: Any, settings: CreditSettings) -> None:
+    """``algorithm.filter_groups`` (DAPO dynamic sampling) with ``credit_agent`` and an environment
+    reward: the agent loop records only ``reward_extra_info.env_reward`` (and ``rm_scores``), so
+    verl's sampler can filter on ``env_reward`` or ``reward``; any other metric would fail only
+    after the first rollout (``Finished groups are missing DAPO metric``). Raises ``ValueError``."""
+    algorithm = config.get("algorithm") or {}
+    filter_groups = algorithm.get("filter_groups") or {}
+    if not filter_groups.get("enable", False):
+        return
+    metric = filter_groups.get("metric", None)
+    agent = config.get("actor_rollout_ref", {}).get("rollout", {}).get("agent", {}).get("default_agent_loop")
+    if settings.env.name and agent == "credit_agent" and metric not in FILTER_GROUPS_METRICS:
+        raise ValueError(
+            f"algorithm.filter_groups.metric={metric!r}: with credit.env.name={settings.env.name!r} the credit_agent "
+            f"loop records the environment's reward only as rm_scores and reward_extra_info.env_reward; "
+            f"set algorithm.filter_groups.metric to one of {list(FILTER_GROUPS_METRICS)}"
+        )
 
 
 def _fetch_extra_infos(batch: KVBatchMeta) -> list[Mapping[str, Any] | None]:

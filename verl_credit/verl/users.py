@@ -10,6 +10,12 @@ the next user turn:
 * :class:`ScriptedUser` -- fixed replies, for tests and demos.
 
 ``build_user`` picks one from ``credit.user.name``; a user is created per episode.
+
+The llm user's reply is ``content``, or -- when that is empty -- the text of ``reasoning_content`` /
+``reasoning`` with ``<think>`` blocks removed (vLLM's reasoning parser puts a Qwen3 answer there when
+thinking is on or the parser misfires); such replies are counted (``LLMUser.reasoning_fallbacks``)
+and logged (:func:`verl_credit.openai_chat.reply_text`, shared with tau2's simulated user).
+Its HTTP client ignores ``HTTP(S)_PROXY`` unless ``trust_env=True`` (in-cluster endpoint).
 """
 
 from __future__ import annotations
@@ -22,7 +28,13 @@ from typing import Any
 import httpx
 
 from verl_credit.envs.base import Environment, UserTurn
-from verl_credit.openai_chat import ChatCompletionError, message_content, post_chat_completion
+from verl_credit.openai_chat import (
+    ChatCompletionError,
+    first_message,
+    log_reasoning_fallback,
+    post_chat_completion,
+    reply_text,
+)
 from verl_credit.verl.settings import UserSettings
 
 __all__ = [
@@ -117,7 +129,8 @@ class LLMUser(SimulatedUser):
     stripped from the content (a closing line before it is kept). Transport errors, timeouts and
     408/429/5xx answers are retried ``max_retries`` times with exponential backoff
     (:func:`verl_credit.openai_chat.post_chat_completion`), then :class:`UserSimulatorError`
-    naming the URL is raised (verl marks that prompt group failed).
+    naming the URL is raised (verl marks that prompt group failed). An empty ``content`` falls back
+    to the reasoning text (module docstring); ``trust_env`` lets httpx read proxy variables.
     """
 
     def __init__(
@@ -134,6 +147,7 @@ class LLMUser(SimulatedUser):
         api_key: str | None = None,
         backoff_s: float = 0.5,
         transport: httpx.AsyncBaseTransport | None = None,
+        trust_env: bool = False,
     ):
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model = model
@@ -143,8 +157,10 @@ class LLMUser(SimulatedUser):
         self.max_retries = max_retries
         self.stop_token = stop_token
         self.backoff_s = backoff_s
+        self.reasoning_fallbacks = 0
+        """Replies taken from ``reasoning_content`` / ``reasoning`` because ``content`` was empty."""
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.client = httpx.AsyncClient(timeout=timeout, headers=headers, transport=transport)
+        self.client = httpx.AsyncClient(timeout=timeout, headers=headers, transport=transport, trust_env=trust_env)
 
     def request_body(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
         return {
@@ -165,14 +181,25 @@ class LLMUser(SimulatedUser):
             )
         except ChatCompletionError as exc:
             raise UserSimulatorError(f"user LLM at {exc}") from exc
-        try:
-            text = message_content(response)
-        except ChatCompletionError as exc:
-            raise UserSimulatorError(f"user LLM at {self.url} returned no message content: {exc}") from exc
+        text = self._reply_text(response)
         if self.stop_token in text:
             closing = text.replace(self.stop_token, "").strip()
             return UserTurn(content=closing or None, done=True)
         return UserTurn(content=text.strip(), done=False)
+
+    def _reply_text(self, response: dict[str, Any]) -> str:
+        """``content``, else the reasoning text (counted, logged); a reply with neither field raises."""
+        try:
+            message = first_message(response)
+        except ChatCompletionError as exc:
+            raise UserSimulatorError(f"user LLM at {self.url} returned no message content: {exc}") from exc
+        if not any(key in message for key in ("content", "reasoning_content", "reasoning")):
+            raise UserSimulatorError(f"user LLM at {self.url} returned no message content: {str(message)[:300]}")
+        text = reply_text(message)
+        if text.from_reasoning:
+            self.reasoning_fallbacks += 1
+            log_reasoning_fallback(f"llm user {self.url}")
+        return text.text
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -220,4 +247,6 @@ def build_user(
         stop_token=settings.stop_token,
         api_key=api_key,
         transport=transport,
+        # credit.user.trust_env, once the settings have it (default off: in-cluster endpoint)
+        trust_env=bool(getattr(settings, "trust_env", False)),
     )

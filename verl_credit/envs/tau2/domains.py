@@ -8,6 +8,10 @@ Per process, each domain's pristine database is loaded once and kept pickled; a 
 of the two environments tau2's evaluator builds) unpickles it instead of re-parsing the JSON file
 (airline: 0.06 s instead of 0.37 s). The cached constructor is registered in tau2's own registry under
 :func:`evaluation_domain` so the reward is computed by tau2's ``evaluate_simulation`` unchanged.
+
+Everything here blocks (the first telecom task load takes ~2 s): async code calls it in a worker
+thread. The per-domain caches are filled once even when many threads ask at the same time
+(:func:`_cached_once`), so 64 episodes starting together load telecom's tasks once, not 64 times.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import functools
 import pickle
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from verl_credit.envs.tau2._deps import require_tau2
 
@@ -38,6 +42,32 @@ DOMAINS: tuple[str, ...] = ("airline", "retail", "telecom")
 _EVAL_SUFFIX = "@verl_credit"
 _LOCK = threading.Lock()
 
+_T = TypeVar("_T")
+
+
+def _cached_once(func: Callable[..., _T]) -> Callable[..., _T]:
+    """``functools.cache`` whose value is computed once per key even under concurrent threads.
+
+    ``functools.cache`` lets every thread that misses compute the value; here the first computes it
+    under a per-key lock and the others wait for it (a failure is not cached: the next call retries).
+    """
+    values: dict[tuple[Any, ...], _T] = {}
+    locks: dict[tuple[Any, ...], threading.Lock] = {}
+    guard = threading.Lock()
+
+    @functools.wraps(func)
+    def cached(*args: Any) -> _T:
+        if args in values:
+            return values[args]
+        with guard:
+            lock = locks.setdefault(args, threading.Lock())
+        with lock:
+            if args not in values:
+                values[args] = func(*args)
+        return values[args]
+
+    return cached
+
 
 def _check_domain(domain: str) -> str:
     if domain not in DOMAINS:
@@ -45,7 +75,7 @@ def _check_domain(domain: str) -> str:
     return domain
 
 
-@functools.cache
+@_cached_once
 def split_task_ids(domain: str) -> dict[str, tuple[str, ...]]:
     """``{split name: task ids}`` from the domain's split file, as tau2 defines it."""
     require_tau2()
@@ -57,7 +87,7 @@ def split_task_ids(domain: str) -> dict[str, tuple[str, ...]]:
     return {name: tuple(ids) for name, ids in loader().items()}
 
 
-@functools.cache
+@_cached_once
 def _all_tasks(domain: str) -> dict[str, Any]:
     require_tau2()
     from tau2.registry import registry
@@ -83,7 +113,7 @@ def get_task(domain: str, task_id: str) -> Any:
     return tasks[str(task_id)]
 
 
-@functools.cache
+@_cached_once
 def _pristine_state(domain: str) -> tuple[Callable[..., Any], bytes, bytes | None]:
     """The registry's constructor and the pickled databases of a freshly built environment."""
     require_tau2()
@@ -116,7 +146,7 @@ def evaluation_domain(domain: str) -> str:
     return name
 
 
-@functools.cache
+@_cached_once
 def agent_system_prompt(domain: str) -> str:
     """tau2's LLM-agent system prompt: its agent instruction plus the domain policy."""
     require_tau2()
@@ -126,7 +156,7 @@ def agent_system_prompt(domain: str) -> str:
     return SYSTEM_PROMPT.format(domain_policy=policy, agent_instruction=AGENT_INSTRUCTION)
 
 
-@functools.cache
+@_cached_once
 def _agent_tool_schemas(domain: str) -> tuple[dict[str, Any], ...]:
     return tuple(tool.openai_schema for tool in new_environment(domain).get_tools())
 

@@ -8,16 +8,27 @@ One instance plays one episode of one task, following tau2's orchestrator:
   user's first reply. The agent sees tau2's LLM-agent system prompt (instruction + domain policy) and
   the domain's tools as OpenAI schemas.
 - ``call_tool``: the agent's call runs against the domain environment (``Environment.get_response``,
-  which also syncs the user's device state in telecom); tool errors are returned as text.
+  which also syncs the user's device state in telecom); tool errors are returned as text. The calls
+  of one assistant message form one tau2 step when the driver brackets them with
+  :func:`~verl_credit.envs.tau2.termination.tool_step` (the eval runner does); otherwise each call is
+  a message of its own.
 - ``user_turn``: the agent's text goes to tau2's user simulator (LLM endpoint). In telecom the user
   has tools of their own (dual control: toggle airplane mode, reseat the SIM, run a speed test, ...);
   their calls run against the user side of the same environment and the simulator is asked again
   until it says something to the agent. The agent never sees the user's tool calls, as in tau2.
+- termination: tau2's orchestrator rule (:class:`~verl_credit.envs.tau2.termination.StepLimits`):
+  after every step, ``max_steps`` steps or ``max_errors`` failed tool calls (the agent's and the
+  user's) end the episode at once (``MAX_STEPS`` / ``TOO_MANY_ERRORS``); :attr:`episode_over` tells
+  the driver, later tool calls are not run and the next ``user_turn`` says done.
 - ``reward``: ``tau2.evaluator.evaluate_simulation(..., EvaluationType.ALL)`` on the episode's tau2
   message list: the product over the task's ``reward_basis`` of DB-hash match against the gold
   actions replayed on a fresh environment, environment assertions, gold-action presence, and
   communicated info. An episode that did not end with a user stop token (ran out of turns, too many
   tool errors, an empty agent message) gets 0, as tau2 gives prematurely terminated simulations.
+
+The first episode of a process imports tau2 (~7 s) and loads the domain's tasks (telecom ~2 s): that
+and building the episode's environment run in a worker thread, so the rollout worker's event loop
+keeps serving its other sessions meanwhile.
 
 The episode's full tau2 trajectory (``tau2_messages``) and tau2's ``RewardInfo`` (``reward_info``)
 stay on the instance for logging and tests.
@@ -30,19 +41,48 @@ import re
 import time
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
 from verl_credit.envs.base import Environment, EpisodeStart, ToolResult, UserTurn, register_environment
-from verl_credit.envs.tau2._deps import require_tau2
+from verl_credit.envs.tau2._deps import check_tau2_installed, require_tau2
 from verl_credit.envs.tau2.domains import agent_system_prompt, agent_tool_schemas, evaluation_domain, get_task
 from verl_credit.envs.tau2.domains import new_environment as new_tau2_environment
+from verl_credit.envs.tau2.termination import (
+    AGENT_ERROR,
+    DEFAULT_MAX_ERRORS,
+    DEFAULT_MAX_STEPS,
+    MAX_STEPS,
+    USER_ERROR,
+    USER_STOP,
+    StepLimits,
+)
 from verl_credit.envs.tau2.user_sim import OpenAIUserSimulator, UserSimConfig
 
 __all__ = ["Tau2Environment"]
 
 _GREETING = "Hi! How can I help you today?"  # tau2.orchestrator.orchestrator.DEFAULT_FIRST_AGENT_MESSAGE
+
+
+@dataclass
+class _Prepared:
+    """What a new episode needs from tau2, built in a worker thread (:func:`_prepare_episode`)."""
+
+    task: Any
+    env: Any
+    system_prompt: str
+    tools: list[dict[str, Any]]
+    user: OpenAIUserSimulator
+
+
+@dataclass
+class _ToolStep:
+    """One assistant message's tool calls, executed as one tau2 environment step."""
+
+    message: Any = None  # the tau2 AssistantMessage holding the step's calls (made at the first call)
+    calls: int = 0  # calls that reached the domain environment
 
 
 @register_environment("tau2")
@@ -52,22 +92,27 @@ class Tau2Environment(Environment):
     Args:
         user: settings of the simulated user (``credit.env.options.user``), a mapping or a
             :class:`UserSimConfig`.
-        max_errors: tau2's ``max_errors``: after this many failed tool calls (agent's and user's together)
+        max_errors: tau2's ``max_errors``: once this many tool calls failed (agent's and user's together)
             the episode ends with reward 0 (``TOO_MANY_ERRORS``).
+        max_steps: tau2's ``max_steps`` (messages delivered, a tool-call batch's execution counting as
+            one): reaching it ends the episode with reward 0 (``MAX_STEPS``). Default 200, ``tau2 run``'s.
         transport: optional ``httpx`` transport for the user-simulator client (tests).
     """
 
     def __init__(
         self,
         user: UserSimConfig | Mapping[str, Any] | None = None,
-        max_errors: int = 10,
+        max_errors: int = DEFAULT_MAX_ERRORS,
+        max_steps: int = DEFAULT_MAX_STEPS,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        require_tau2()
+        # only a cheap check here: the environment is built on the rollout worker's event loop, and the
+        # tau2 import itself (~7 s) waits for start(), which runs it in a thread
+        check_tau2_installed()
         self.user_config = user if isinstance(user, UserSimConfig) else UserSimConfig.from_mapping(user)
-        if max_errors <= 0:
-            raise ValueError(f"credit.env.max_errors must be > 0, got {max_errors}")
+        StepLimits(max_steps=max_steps, max_errors=max_errors)  # validates both, naming the key
         self.max_errors = int(max_errors)
+        self.max_steps = int(max_steps)
         self._transport = transport
         self._client: httpx.AsyncClient | None = None
         self._reset_episode()
@@ -77,42 +122,57 @@ class Tau2Environment(Environment):
         self.task: Any = None
         self.tau2_messages: list[Any] = []
         self.termination: str | None = None
-        self.num_errors = 0
+        self.limits = StepLimits(max_steps=self.max_steps, max_errors=self.max_errors)
         self.reward_info: Any = None
         self._env: Any = None
         self._user: OpenAIUserSimulator | None = None
+        self._step: _ToolStep | None = None
         self._assistant_seen = 0
         self._calls = 0
         self._start_time = ""
         self._t0 = 0.0
 
+    @property
+    def num_errors(self) -> int:
+        """Failed tool calls so far (agent's and user's), tau2's ``num_errors``."""
+        return self.limits.num_errors
+
+    @property
+    def episode_over(self) -> bool:
+        """The episode has ended (user stop, a limit, an error): the driver should stop generating."""
+        return self.termination is not None
+
+    @property
+    def user_reasoning_fallbacks(self) -> int:
+        """Simulated-user replies taken from the reasoning field because ``content`` was empty."""
+        return self._user.reasoning_fallbacks if self._user is not None else 0
+
     # -- Environment interface -------------------------------------------------------------------
 
     async def start(self, task: Mapping[str, Any]) -> EpisodeStart:
         """Reset to ``task`` (``{"domain": ..., "task_id": ...}``, a row's ``extra_info``)."""
-        from tau2.data_model.message import AssistantMessage
-        from tau2.utils.utils import get_now
-
         for key in ("domain", "task_id"):
             if key not in task or task[key] is None:
                 raise ValueError(f"tau2 task spec is missing {key!r}; got keys {sorted(task)}")
         self._reset_episode()
         self.domain = str(task["domain"])
-        self.task = get_task(self.domain, str(task["task_id"]))
-        initial = self.task.initial_state
-        if initial is not None and initial.message_history:
-            raise ValueError(f"tau2 task {self.task.id!r} has a message_history; replaying one is not supported")
-        # building the domain (unpickling its database) and tau2's evaluation are CPU work of 0.05-0.5 s:
-        # they run in a worker thread so the agent loop's other episodes keep generating meanwhile
-        self._env = await asyncio.to_thread(_initial_environment, self.domain, initial)
-        user_tools = self._env.get_user_tools() if self._env.user_tools is not None else None
         if self._client is None:
-            self._client = httpx.AsyncClient(transport=self._transport, timeout=self.user_config.timeout_s)
-        self._user = OpenAIUserSimulator(str(self.task.user_scenario), user_tools, self.user_config, self._client)
+            self._client = httpx.AsyncClient(
+                transport=self._transport, timeout=self.user_config.timeout_s, trust_env=self.user_config.trust_env
+            )
+        # the tau2 import, task loading, the domain's database and tau2's user prompt are blocking CPU
+        # work (seconds the first time): a worker thread, so the loop's other episodes keep going
+        prepared = await asyncio.to_thread(
+            _prepare_episode, self.domain, str(task["task_id"]), self.user_config, self._client
+        )
+        from tau2.data_model.message import AssistantMessage
+        from tau2.utils.utils import get_now
+
+        self.task, self._env, self._user = prepared.task, prepared.env, prepared.user
         self._start_time = get_now()
         self._t0 = time.perf_counter()
 
-        greeting = AssistantMessage(role="assistant", content=_GREETING)
+        greeting = AssistantMessage(role="assistant", content=_GREETING)  # not a step (tau2's initialize)
         self.tau2_messages.append(greeting)
         first = await self._user_reply(greeting)
         info = {
@@ -125,26 +185,53 @@ class Tau2Environment(Environment):
             "user_done": first.done,
         }
         return EpisodeStart(
-            system_prompt=agent_system_prompt(self.domain),
-            tools=agent_tool_schemas(self.domain),
+            system_prompt=prepared.system_prompt,
+            tools=prepared.tools,
             first_user_message=first.content or "",
             info=info,
         )
 
     async def call_tool(self, name: str, arguments: Mapping[str, Any]) -> ToolResult:
-        """Run one agent tool call against the domain environment (errors come back as ``Error: ...``)."""
-        from tau2.data_model.message import AssistantMessage, ToolCall
+        """Run one agent tool call against the domain environment (errors come back as ``Error: ...``).
 
+        Outside :meth:`begin_tool_step` / :meth:`end_tool_step` the call is a tool-call message of its
+        own (tau2 checks the limits right after it). Once the episode is over, calls are not run.
+        """
         self._require_started()
         if not isinstance(arguments, Mapping):
             raise TypeError(f"tool arguments must be a mapping, got {type(arguments).__name__}")
-        self._calls += 1
-        call = ToolCall(id=f"call_{self._calls}", name=str(name), arguments=dict(arguments), requestor="assistant")
-        self.tau2_messages.append(AssistantMessage(role="assistant", tool_calls=[call]))
-        result = self._env.get_response(call)
-        self.tau2_messages.append(result)
-        self.num_errors += int(result.error)
-        return ToolResult(content=result.content or "", is_error=bool(result.error))
+        if self.termination is not None:
+            return ToolResult(content=f"Error: the episode has ended ({self.termination}); not run", is_error=True)
+        if self._step is not None:
+            return self._run_agent_call(self._step, str(name), dict(arguments))
+        self.begin_tool_step()
+        try:
+            return self._run_agent_call(self._step, str(name), dict(arguments))
+        finally:
+            self.end_tool_step(1)
+
+    def begin_tool_step(self) -> None:
+        """The following ``call_tool`` calls are one assistant message's (one tau2 environment step)."""
+        self._require_started()
+        if self._step is not None:
+            raise RuntimeError("Tau2Environment: a tool step is already open (end_tool_step was not called)")
+        self._step = _ToolStep()
+
+    def end_tool_step(self, num_calls: int | None = None) -> None:
+        """Close the tool step: tau2's agent-message step and environment step, then its limit check.
+
+        ``num_calls``: the calls the assistant message had; those that never reached ``call_tool`` (the
+        driver answered them: bad JSON arguments, unknown tool) count as failed calls, as they do in
+        tau2, whose environment raises on them.
+        """
+        step, self._step = self._step, None
+        if step is None:
+            raise RuntimeError("Tau2Environment: end_tool_step without begin_tool_step")
+        if self.termination is not None:
+            return  # ended before this message: its calls were not run
+        self.limits.count_errors(max(0, int(num_calls or 0) - step.calls))
+        self._after_step(to_env=True)  # the agent's tool-call message, to the environment: no check
+        self._after_step(to_env=False)  # the environment's results, back to the agent: checked
 
     async def user_turn(self, messages: list[dict[str, Any]]) -> UserTurn:
         """The simulated user's answer to the agent's last text message (``messages``: the transcript)."""
@@ -154,10 +241,10 @@ class Tau2Environment(Environment):
         if self.termination is not None:
             return UserTurn(content=None, done=True)
         last_text = self._record_assistant_texts(messages)
-        if self.num_errors >= self.max_errors:
-            return self._end("too_many_errors")
         if last_text is None:  # the agent's last message has no text: tau2's AGENT_ERROR (empty message)
-            return self._end("agent_error")
+            return self._end(AGENT_ERROR)
+        if self._after_step(to_env=False):  # the agent's text message, to the user: checked
+            return UserTurn(content=None, done=True)
         return await self._user_reply(AssistantMessage(role="assistant", content=last_text))
 
     async def reward(self) -> float:
@@ -186,7 +273,7 @@ class Tau2Environment(Environment):
             start_time=self._start_time,
             end_time=get_now(),
             duration=time.perf_counter() - self._t0,
-            termination_reason=TerminationReason(self.termination or "max_steps"),
+            termination_reason=TerminationReason(self.termination or MAX_STEPS),
             messages=list(self.tau2_messages),
         )
         return evaluate_simulation(
@@ -206,6 +293,31 @@ class Tau2Environment(Environment):
     def _end(self, reason: str, content: str | None = None) -> UserTurn:
         self.termination = reason
         return UserTurn(content=content, done=True)
+
+    def _after_step(self, *, to_env: bool, stop: str | None = None) -> bool:
+        """A tau2 step happened: sync the tools (as tau2 does after every step), apply the limits;
+        ``True`` if the episode ended."""
+        self._env.sync_tools()
+        reason = self.limits.after_step(to_env=to_env, stop=stop)
+        if reason is not None:
+            self.termination = reason
+        return reason is not None
+
+    def _run_agent_call(self, step: _ToolStep, name: str, arguments: dict[str, Any]) -> ToolResult:
+        """Execute one agent call inside ``step`` (tau2: the calls of one AssistantMessage, then their results)."""
+        from tau2.data_model.message import AssistantMessage, ToolCall
+
+        self._calls += 1
+        call = ToolCall(id=f"call_{self._calls}", name=name, arguments=arguments, requestor="assistant")
+        if step.message is None:
+            step.message = AssistantMessage(role="assistant", tool_calls=[])
+            self.tau2_messages.append(step.message)
+        step.message.tool_calls.append(call)
+        step.calls += 1
+        result = self._env.get_response(call)
+        self.tau2_messages.append(result)
+        self.limits.count_errors(int(result.error))
+        return ToolResult(content=result.content or "", is_error=bool(result.error))
 
     def _record_assistant_texts(self, messages: list[dict[str, Any]]) -> str | None:
         """Append the agent's new text messages to the tau2 trajectory; return the last one's text.
@@ -229,27 +341,60 @@ class Tau2Environment(Environment):
         return last_text
 
     async def _user_reply(self, incoming: Any) -> UserTurn:
-        """Ask the simulated user, running its own tool calls (dual control) until it speaks or stops."""
+        """Ask the simulated user, running its own tool calls (dual control) until it speaks or stops.
+
+        Each user message is a tau2 step (checked unless it is a tool call), and so is the execution of
+        its tool calls (checked): a user's failing tool calls count towards ``max_errors`` too.
+        """
         from tau2.data_model.message import MultiToolMessage
 
         assert self._user is not None
-        for _ in range(self.user_config.max_tool_steps + 1):
+        tool_messages = 0
+        while True:
             message = await self._user.respond(incoming)
             self.tau2_messages.append(message)
             if not message.is_tool_call():
-                if not message.has_text_content():
-                    return self._end("user_error")
-                if self._user.is_stop(message):
-                    return self._end("user_stop", message.content)
-                return UserTurn(content=message.content, done=False)
+                return self._user_text_step(message)
+            if self.user_config.max_tool_steps is not None and tool_messages >= self.user_config.max_tool_steps:
+                return self._end(MAX_STEPS)
+            tool_messages += 1
+            self._after_step(to_env=True)  # the user's tool-call message, to the environment: no check
             results = [self._env.get_response(call) for call in message.tool_calls]
             self.tau2_messages.extend(results)
-            self.num_errors += sum(int(result.error) for result in results)
-            self._env.sync_tools()
-            if self.num_errors >= self.max_errors:
-                return self._end("too_many_errors")
+            self.limits.count_errors(sum(int(result.error) for result in results))
+            if self._after_step(to_env=False):  # the results, back to the user: checked
+                return UserTurn(content=None, done=True)
             incoming = results[0] if len(results) == 1 else MultiToolMessage(role="tool", tool_messages=results)
-        return self._end("max_steps")
+
+    def _user_text_step(self, message: Any) -> UserTurn:
+        """The user's text message to the agent: a step, checked; a stop token ends the episode."""
+        assert self._user is not None
+        if not message.has_text_content():  # tau2's UserMessage.validate() rejects an empty message
+            return self._end(USER_ERROR)
+        stop = USER_STOP if self._user.is_stop(message) else None
+        if self._after_step(to_env=False, stop=stop):
+            return UserTurn(content=message.content, done=True)
+        return UserTurn(content=message.content, done=False)
+
+
+def _prepare_episode(domain: str, task_id: str, config: UserSimConfig, client: httpx.AsyncClient) -> _Prepared:
+    """Everything blocking a new episode needs (run in a worker thread by :meth:`Tau2Environment.start`)."""
+    require_tau2()
+    task = get_task(domain, task_id)
+    initial = task.initial_state
+    if initial is not None and initial.message_history:
+        raise ValueError(f"tau2 task {task.id!r} has a message_history; replaying one is not supported")
+    env = _initial_environment(domain, initial)
+    evaluation_domain(domain)  # registers the cached constructor now rather than at the first reward
+    user_tools = env.get_user_tools() if env.user_tools is not None else None
+    user = OpenAIUserSimulator(str(task.user_scenario), user_tools, config, client)
+    return _Prepared(
+        task=task,
+        env=env,
+        system_prompt=agent_system_prompt(domain),
+        tools=agent_tool_schemas(domain),
+        user=user,
+    )
 
 
 def _initial_environment(domain: str, initial: Any) -> Any:
@@ -260,6 +405,7 @@ def _initial_environment(domain: str, initial: Any) -> Any:
         initialization_actions=initial.initialization_actions if initial is not None else None,
         message_history=[],
     )
+    env.sync_tools()  # as Orchestrator.initialize ends
     return env
 
 

@@ -15,6 +15,12 @@ Command line::
     python -m verl_credit.envs.tau2.evaluate run --policy-base-url http://HOST:8000/v1 --policy-model policy \
         --user-base-url http://HOST:8000/v1 --user-model Qwen/Qwen3-32B --split test --trials 4 --out results.jsonl
     python -m verl_credit.envs.tau2.evaluate score results.jsonl [--json metrics.json]
+
+Episodes follow training: ``--max-parallel-calls`` (default 16) is verl's
+``multi_turn.max_parallel_calls`` (calls past it in one assistant turn are dropped, counted in
+``dropped_tool_calls``), ``--max-steps`` / ``--max-errors`` tau2's limits (defaults 200 / 10, as
+``tau2 run`` and the training environment). The summary after the table counts terminations,
+dropped calls and simulated-user replies read from ``reasoning_content``.
 """
 
 from __future__ import annotations
@@ -24,15 +30,19 @@ import asyncio
 import json
 import math
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from verl_credit.envs.tau2.runner import DEFAULT_MAX_PARALLEL_CALLS
+from verl_credit.envs.tau2.termination import DEFAULT_MAX_ERRORS, DEFAULT_MAX_STEPS
+
 __all__ = [
     "PassHatK",
     "compute_pass_hat_k",
+    "episode_summary",
     "is_success",
     "main",
     "pass_hat_k",
@@ -143,6 +153,20 @@ def format_table(result: PassHatK) -> str:
     return "\n".join(lines)
 
 
+def episode_summary(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Counts over the result records that the reward alone does not show: how episodes ended,
+    tool calls dropped past ``max_parallel_calls``, user replies taken from the reasoning field."""
+    records = list(records)
+    dropped = [int(r.get("dropped_tool_calls") or 0) for r in records]
+    return {
+        "episodes": len(records),
+        "terminations": dict(sorted(Counter(str(r.get("termination")) for r in records).items())),
+        "dropped_tool_calls": sum(dropped),
+        "episodes_with_dropped_tool_calls": sum(1 for d in dropped if d),
+        "user_reasoning_fallbacks": sum(int(r.get("user_reasoning_fallbacks") or 0) for r in records),
+    }
+
+
 # -- command line --------------------------------------------------------------------------------
 
 
@@ -159,11 +183,19 @@ def _read_records(path: Path) -> list[dict[str, Any]]:
     return records
 
 
-def _score(args: argparse.Namespace) -> int:
-    result = compute_pass_hat_k(_read_records(Path(args.results)), max_k=args.k)
+def _metrics(records: list[dict[str, Any]], max_k: int | None = None) -> dict[str, Any]:
+    """pass^k (printed as a table) plus :func:`episode_summary` (printed as one JSON line)."""
+    result = compute_pass_hat_k(records, max_k=max_k)
+    summary = episode_summary(records)
     print(format_table(result))
+    print(json.dumps({"summary": summary}))
+    return {**result.to_json(), "summary": summary}
+
+
+def _score(args: argparse.Namespace) -> int:
+    metrics = _metrics(_read_records(Path(args.results)), max_k=args.k)
     if args.json:
-        Path(args.json).write_text(json.dumps(result.to_json(), indent=2) + "\n")
+        Path(args.json).write_text(json.dumps(metrics, indent=2) + "\n")
     return 0
 
 
@@ -197,17 +229,29 @@ async def _run_all(args: argparse.Namespace, episodes: list[dict[str, Any]]) -> 
     semaphore = asyncio.Semaphore(args.concurrency)
     out = Path(args.out)
     lock = asyncio.Lock()
-    async with httpx.AsyncClient(timeout=policy_config.timeout_s) as client:
+    # in-cluster endpoints: no HTTP(S)_PROXY from the environment unless --trust-env
+    async with httpx.AsyncClient(timeout=policy_config.timeout_s, trust_env=args.trust_env) as client:
         policy = PolicyClient(policy_config, client)
 
         async def one(episode: dict[str, Any]) -> None:
             async with semaphore:
                 seed = args.seed + episode["trial"]
-                user = {"base_urls": args.user_base_url, "model": args.user_model, "seed": seed}
-                env = Tau2Environment(user=user)
+                user = {
+                    "base_urls": args.user_base_url,
+                    "model": args.user_model,
+                    "seed": seed,
+                    "trust_env": args.trust_env,
+                }
+                env = Tau2Environment(user=user, max_steps=args.max_steps, max_errors=args.max_errors)
                 try:
                     result = await run_episode(
-                        env, episode, policy, trial=episode["trial"], max_turns=args.max_turns, seed=seed
+                        env,
+                        episode,
+                        policy,
+                        trial=episode["trial"],
+                        max_turns=args.max_turns,
+                        seed=seed,
+                        max_parallel_calls=args.max_parallel_calls,
                     )
                 finally:
                     await env.close()
@@ -232,6 +276,9 @@ def _run(args: argparse.Namespace) -> int:
         "tasks_per_domain": {d: len({e["task_id"] for e in episodes if e["domain"] == d}) for d in args.domains},
         "trials": args.trials,
         "max_turns": args.max_turns,
+        "max_parallel_calls": args.max_parallel_calls,
+        "max_steps": args.max_steps,
+        "max_errors": args.max_errors,
         "policy": {"base_url": args.policy_base_url, "model": args.policy_model, "temperature": args.temperature},
         "user": {"base_urls": args.user_base_url, "model": args.user_model},
         "out": str(out),
@@ -241,10 +288,8 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     out.parent.mkdir(parents=True, exist_ok=True)
     asyncio.run(_run_all(args, todo))
-    result = compute_pass_hat_k(_read_records(out))
-    print(format_table(result))
-    metrics_path = out.with_suffix(".metrics.json")
-    metrics_path.write_text(json.dumps(result.to_json(), indent=2) + "\n")
+    metrics = _metrics(_read_records(out))
+    out.with_suffix(".metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     return 0
 
 
@@ -264,6 +309,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--domains", default="airline,retail,telecom")
     run.add_argument("--trials", type=int, default=4)
     run.add_argument("--max-turns", type=int, default=30, help="assistant turns per episode")
+    run.add_argument(
+        "--max-parallel-calls",
+        type=int,
+        default=DEFAULT_MAX_PARALLEL_CALLS,
+        help="tool calls executed per assistant turn, the rest dropped and counted "
+        "(verl's multi_turn.max_parallel_calls; default %(default)s)",
+    )
+    run.add_argument("--max-steps", type=int, default=DEFAULT_MAX_STEPS, help="tau2's max_steps (default 200)")
+    run.add_argument("--max-errors", type=int, default=DEFAULT_MAX_ERRORS, help="tau2's max_errors (default 10)")
     run.add_argument("--temperature", type=float, default=0.0, help="policy sampling temperature (tau2 default 0)")
     run.add_argument("--max-tokens", type=int, default=4096, help="policy tokens per turn")
     run.add_argument("--seed", type=int, default=300, help="trial t uses seed + t (tau2's default seed: 300)")
@@ -271,6 +325,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", required=True, help="results JSONL (appended; finished trials are skipped)")
     run.add_argument("--save-messages", action="store_true", help="keep each transcript in the results")
     run.add_argument("--dry-run", action="store_true", help="print the plan and exit without any request")
+    run.add_argument(
+        "--trust-env",
+        action="store_true",
+        help="let the HTTP clients use HTTP(S)_PROXY / NO_PROXY from the environment (default: ignore them)",
+    )
     run.set_defaults(func=_run)
 
     score = sub.add_parser("score", help="pass^k per domain and domain-macro from a results JSONL")
@@ -283,7 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    for name in ("trials", "max_turns", "concurrency"):
+    for name in ("trials", "max_turns", "concurrency", "max_parallel_calls", "max_steps", "max_errors"):
         if getattr(args, name, 1) < 1:
             print(f"evaluate: error: --{name.replace('_', '-')} must be >= 1", file=sys.stderr)
             return 2

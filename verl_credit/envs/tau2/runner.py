@@ -3,10 +3,19 @@
 The episode loop is the one the ``credit_agent`` loop runs in training (``verl_credit.envs.base``):
 system prompt + the simulated user's first message, then per assistant turn either the tool calls
 (each executed by the environment, results appended as ``tool`` messages) or, for a text turn, the
-simulated user's reply; the episode ends when the user stops or after ``max_turns`` assistant turns.
+simulated user's reply; the episode ends when the user stops, when the environment ends it (tau2's
+``max_steps`` / ``max_errors``, checked after every step: :mod:`verl_credit.envs.tau2.termination`)
+or after ``max_turns`` assistant turns.
+
+As in verl's ``ToolAgentLoop`` (``multi_turn.max_parallel_calls``), only the first
+``max_parallel_calls`` tool calls of an assistant turn are executed and kept in its message; the
+others are dropped and counted (``EpisodeResult.dropped_tool_calls``). The calls of one turn are one
+tau2 environment step (:func:`~verl_credit.envs.tau2.termination.tool_step`).
+
 The policy is asked with the domain's tools and ``chat_template_kwargs.enable_thinking=false``
 (Qwen3 thinking off, as in training); tool-call arguments that are not a JSON object come back
-to the policy as an error result without touching the environment, as verl's tool loop does.
+to the policy as an error result without touching the environment, as verl's tool loop does (tau2's
+error count still includes them: its environment fails such a call).
 """
 
 from __future__ import annotations
@@ -19,9 +28,13 @@ from typing import Any
 import httpx
 
 from verl_credit.envs.base import Environment
+from verl_credit.envs.tau2.termination import episode_over, tool_step
 from verl_credit.openai_chat import ChatCompletionError, first_message, post_chat_completion
 
-__all__ = ["EpisodeResult", "PolicyClient", "PolicyConfig", "run_episode"]
+__all__ = ["DEFAULT_MAX_PARALLEL_CALLS", "EpisodeResult", "PolicyClient", "PolicyConfig", "run_episode"]
+
+DEFAULT_MAX_PARALLEL_CALLS = 16
+"""verl's ``actor_rollout_ref.rollout.multi_turn.max_parallel_calls`` as the training recipes set it."""
 
 
 @dataclass(frozen=True)
@@ -101,9 +114,18 @@ class EpisodeResult:
     trial: int
     reward: float
     termination: str | None
+    """tau2's termination reason, or ``max_turns`` when the runner's turn cap stopped the episode."""
     assistant_turns: int
     messages: list[dict[str, Any]] = field(default_factory=list)
     reward_info: dict[str, Any] | None = None
+    dropped_tool_calls: int = 0
+    """Tool calls past ``max_parallel_calls`` in one assistant turn: not executed, not in the transcript."""
+    steps: int | None = None
+    """tau2 steps of the episode (messages delivered, a tool-call batch counting as one)."""
+    num_errors: int | None = None
+    """Failed tool calls of the episode (the agent's and the simulated user's)."""
+    user_reasoning_fallbacks: int = 0
+    """Simulated-user replies taken from ``reasoning_content`` because ``content`` was empty."""
 
     def to_record(self, with_messages: bool = False) -> dict[str, Any]:
         record = {
@@ -114,15 +136,26 @@ class EpisodeResult:
             "termination": self.termination,
             "assistant_turns": self.assistant_turns,
             "reward_info": self.reward_info,
+            "dropped_tool_calls": self.dropped_tool_calls,
+            "steps": self.steps,
+            "num_errors": self.num_errors,
+            "user_reasoning_fallbacks": self.user_reasoning_fallbacks,
         }
         if with_messages:
             record["messages"] = self.messages
         return record
 
 
-def _assistant_message(reply: Mapping[str, Any]) -> dict[str, Any]:
+def _assistant_message(reply: Mapping[str, Any], max_parallel_calls: int) -> tuple[dict[str, Any], int]:
+    """The transcript's assistant message for ``reply`` and how many of its tool calls were dropped.
+
+    verl's ``ToolAgentLoop`` keeps only ``tool_calls[:max_parallel_calls]`` in the message
+    (``_build_assistant_message``) and executes only those (``_handle_processing_tools_state``).
+    """
     message: dict[str, Any] = {"role": "assistant", "content": reply.get("content") or ""}
-    if reply.get("tool_calls"):
+    calls = list(reply.get("tool_calls") or [])
+    kept = calls[:max_parallel_calls]
+    if kept:
         message["tool_calls"] = [
             {
                 "id": call.get("id") or f"call_{index}",
@@ -132,9 +165,9 @@ def _assistant_message(reply: Mapping[str, Any]) -> dict[str, Any]:
                     "arguments": (call.get("function") or {}).get("arguments") or "{}",
                 },
             }
-            for index, call in enumerate(reply["tool_calls"])
+            for index, call in enumerate(kept)
         ]
-    return message
+    return message, len(calls) - len(kept)
 
 
 def _parse_arguments(raw: Any) -> dict[str, Any] | None:
@@ -155,28 +188,27 @@ async def run_episode(
     trial: int = 0,
     max_turns: int = 30,
     seed: int | None = None,
+    max_parallel_calls: int = DEFAULT_MAX_PARALLEL_CALLS,
 ) -> EpisodeResult:
     """Play one episode of ``task`` (``{"domain", "task_id"}``) and return tau2's reward for it."""
+    if max_parallel_calls < 1:
+        raise ValueError(f"max_parallel_calls must be >= 1, got {max_parallel_calls}")
     start = await env.start(task)
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": start.system_prompt},
         {"role": "user", "content": start.first_user_message},
     ]
-    turns = 0
-    done = bool(start.info.get("user_done"))
+    turns = dropped = 0
+    done = bool(start.info.get("user_done")) or episode_over(env)
     while not done and turns < max_turns:
         reply = await policy.complete(messages, start.tools, seed=seed)
-        message = _assistant_message(reply)
+        message, cut = _assistant_message(reply, max_parallel_calls)
+        dropped += cut
         messages.append(message)
         turns += 1
         if message.get("tool_calls"):
-            for call in message["tool_calls"]:
-                arguments = _parse_arguments(call["function"]["arguments"])
-                if arguments is None:
-                    content = "Error: tool arguments must be a JSON object"
-                else:
-                    content = (await env.call_tool(call["function"]["name"], arguments)).content
-                messages.append({"role": "tool", "tool_call_id": call["id"], "content": content})
+            messages.extend(await _run_tool_calls(env, message["tool_calls"]))
+            done = episode_over(env)  # tau2 checks its limits right after the tool results
             continue
         turn = await env.user_turn(messages)
         if turn.content:
@@ -184,13 +216,33 @@ async def run_episode(
         done = turn.done or not turn.content
     reward = float(await env.reward())
     info = getattr(env, "reward_info", None)
+    termination = getattr(env, "termination", None) or ("max_turns" if not done else None)
+    limits = getattr(env, "limits", None)
     return EpisodeResult(
         domain=str(task["domain"]),
         task_id=str(task["task_id"]),
         trial=trial,
         reward=reward,
-        termination=getattr(env, "termination", None),
+        termination=termination,
         assistant_turns=turns,
         messages=messages,
         reward_info=info.model_dump(mode="json") if hasattr(info, "model_dump") else None,
+        dropped_tool_calls=dropped,
+        steps=getattr(limits, "step_count", None),
+        num_errors=getattr(limits, "num_errors", None),
+        user_reasoning_fallbacks=int(getattr(env, "user_reasoning_fallbacks", 0)),
     )
+
+
+async def _run_tool_calls(env: Environment, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Execute one assistant turn's (kept) calls as one tau2 step; their ``tool`` messages, in order."""
+    results: list[dict[str, Any]] = []
+    with tool_step(env, len(calls)):
+        for call in calls:
+            arguments = _parse_arguments(call["function"]["arguments"])
+            if arguments is None:
+                content = "Error: tool arguments must be a JSON object"
+            else:
+                content = (await env.call_tool(call["function"]["name"], arguments)).content
+            results.append({"role": "tool", "tool_call_id": call["id"], "content": content})
+    return results

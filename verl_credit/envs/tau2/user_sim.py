@@ -7,13 +7,18 @@ turns become ``assistant`` turns, the results of its own tool calls stay ``tool`
 transport differs from tau2's ``generate`` (litellm, blocking): one ``httpx.AsyncClient`` POST to
 ``{base_url}/chat/completions`` per turn, so hundreds of concurrent episodes do not hold threads.
 Like tau2, an empty reply (no text, no tool call) is asked again up to ``max_empty_retries`` times.
+
+A reply whose ``content`` is empty but whose ``reasoning_content`` (or ``reasoning``) holds text is
+taken from there, ``<think>`` blocks removed (:func:`reply_text`): Qwen3 served by vLLM with a
+reasoning parser puts the whole answer there when thinking is on or the parser misfires. Such
+replies are counted (``OpenAIUserSimulator.reasoning_fallbacks``) and logged.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
-import re
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -21,12 +26,29 @@ from typing import Any
 import httpx
 
 from verl_credit.envs.tau2._deps import require_tau2
-from verl_credit.openai_chat import ChatCompletionError, first_message, post_chat_completion
+from verl_credit.openai_chat import (
+    ChatCompletionError,
+    ReplyText,
+    first_message,
+    log_reasoning_fallback,
+    post_chat_completion,
+    reply_text,
+    strip_thinking,
+)
 
-__all__ = ["OpenAIUserSimulator", "UserSimConfig", "UserSimulatorError"]
+__all__ = [
+    "OpenAIUserSimulator",
+    "ReplyText",
+    "UserSimConfig",
+    "UserSimulatorError",
+    "log_reasoning_fallback",
+    "reply_text",
+    "strip_thinking",
+]
+
+logger = logging.getLogger(__name__)
 
 _ROUND_ROBIN = itertools.count()
-_THINK = re.compile(r"^.*</think>", re.DOTALL)
 
 
 class UserSimulatorError(RuntimeError):
@@ -51,14 +73,18 @@ class UserSimConfig:
     """Retries of a failed request (connection error, timeout, 408, 429, 5xx) with exponential backoff."""
     max_empty_retries: int = 3
     """Re-asks after an empty reply (tau2's ``DEFAULT_MAX_RETRIES``)."""
-    max_tool_steps: int = 20
-    """User tool calls (telecom's dual control) allowed inside one user turn before the episode ends."""
+    max_tool_steps: int | None = None
+    """Cap on the user's tool-call messages (telecom's dual control) inside one user turn; past it the
+    episode ends (``max_steps``). ``None``: no cap of our own, tau2's ``max_steps`` bounds it as in tau2."""
     seed: int | None = None
     """Sampling seed sent with each request (tau2 sets one per trial)."""
     max_tokens: int | None = None
     """Cap on each simulated-user reply (``None``: the server's default, as tau2 sends none)."""
     extra_body: Mapping[str, Any] = field(default_factory=lambda: {"chat_template_kwargs": {"enable_thinking": False}})
     """Extra request fields (vLLM: ``chat_template_kwargs``); thinking off by default."""
+    trust_env: bool = False
+    """Let the HTTP client read ``HTTP(S)_PROXY`` / ``NO_PROXY`` from the environment (off: the
+    simulator is an in-cluster endpoint, and a login node's proxy must not reroute it)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.base_urls, str):
@@ -75,7 +101,7 @@ class UserSimConfig:
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"credit.env.options.user.max_tokens must be >= 1, got {self.max_tokens}")
         for key in ("max_retries", "max_empty_retries", "max_tool_steps"):
-            if getattr(self, key) < 0:
+            if getattr(self, key) is not None and getattr(self, key) < 0:
                 raise ValueError(f"credit.env.options.user.{key} must be >= 0, got {getattr(self, key)}")
 
     @classmethod
@@ -139,6 +165,8 @@ class OpenAIUserSimulator:
         self._tool_schemas = [tool.openai_schema for tool in self.tools] if self.tools else None
         self.config = config
         self.state = self._tau2_user.get_init_state()
+        self.reasoning_fallbacks = 0
+        """Replies of this episode taken from ``reasoning_content`` / ``reasoning`` (no ``content``)."""
         self._client = client
         self._base_url = config.base_urls[next(_ROUND_ROBIN) % len(config.base_urls)]
 
@@ -165,10 +193,14 @@ class OpenAIUserSimulator:
         payload = self._payload(_to_openai_messages(self.state.system_messages + self.state.flip_roles()))
         content: str | None = None
         tool_calls: list[Any] | None = None
+        from_reasoning = False
         for _ in range(self.config.max_empty_retries + 1):
-            content, tool_calls = _parse_choice(await self._post(payload))
+            content, tool_calls, from_reasoning = _parse_choice(await self._post(payload))
             if (content is not None and content.strip()) or tool_calls:
                 break
+        if from_reasoning:
+            self.reasoning_fallbacks += 1
+            log_reasoning_fallback(f"tau2 user simulator {self._base_url}")
         message = UserMessage(role="user", content=content)
         if tool_calls:
             message.tool_calls = [
@@ -210,15 +242,14 @@ class OpenAIUserSimulator:
             raise UserSimulatorError(f"user simulator {error}") from error
 
 
-def _parse_choice(body: Mapping[str, Any]) -> tuple[str | None, list[dict[str, Any]] | None]:
-    """``(content, tool calls)`` of the first choice; a call with unparseable arguments voids the reply."""
+def _parse_choice(body: Mapping[str, Any]) -> tuple[str | None, list[dict[str, Any]] | None, bool]:
+    """``(content, tool calls, from_reasoning)`` of the first choice; a call with unparseable arguments
+    voids the reply. A text reply is :func:`reply_text` (``content``, else the reasoning text)."""
     try:
         message = first_message(body)
     except ChatCompletionError as error:
         raise UserSimulatorError(f"user simulator {error}") from None
-    content = message.get("content")
-    if isinstance(content, str) and "</think>" in content:
-        content = _THINK.sub("", content).strip()
+    content, from_reasoning = _reply_content(message)
     calls = []
     for index, call in enumerate(message.get("tool_calls") or []):
         function = call.get("function") or {}
@@ -226,8 +257,18 @@ def _parse_choice(body: Mapping[str, Any]) -> tuple[str | None, list[dict[str, A
         try:
             arguments = json.loads(raw) if isinstance(raw, str) else dict(raw)
         except (ValueError, TypeError):
-            return None, None
+            return None, None, False
         if not isinstance(arguments, dict) or not function.get("name"):
-            return None, None
+            return None, None, False
         calls.append({"id": call.get("id") or f"user_call_{index}", "name": function["name"], "arguments": arguments})
-    return content, (calls or None)
+    return content, (calls or None), from_reasoning
+
+
+def _reply_content(message: Mapping[str, Any]) -> tuple[str | None, bool]:
+    """The text of a user reply: with tool calls the ``content`` as sent (thinking removed), since the
+    reasoning is then the thinking before the call; without, :func:`reply_text`."""
+    if message.get("tool_calls"):
+        content = message.get("content")
+        return (strip_thinking(content) if isinstance(content, str) else None), False
+    text = reply_text(message)
+    return (text.text or None), text.from_reasoning

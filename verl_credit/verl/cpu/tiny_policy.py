@@ -228,27 +228,10 @@ def build_tokenizer(corpus: Iterable[str], vocab_size: int = 2000, min_count: in
 
 
 def agent_tool_schemas(schemas: Sequence[Mapping[str, Any]] = TOOL_SCHEMAS) -> list[dict[str, Any]]:
-    """The tool schemas as verl's agent loop hands them to the chat template:
-    ``OpenAIFunctionToolSchema.model_validate(s).model_dump(exclude_unset=True, exclude_none=True)``
-    (verl's pydantic schema drops keys it does not know, e.g. ``additionalProperties``), rebuilt
-    here without importing verl (a 10 s import)."""
-    out = []
-    for schema in schemas:
-        function = schema["function"]
-        dumped: dict[str, Any] = {"name": function["name"], "description": function["description"]}
-        parameters = function.get("parameters")
-        if parameters is not None:
-            properties = {
-                key: {field: value[field] for field in ("type", "description", "enum") if value.get(field) is not None}
-                for key, value in parameters["properties"].items()
-            }
-            dumped["parameters"] = {"type": parameters["type"], "properties": properties}
-            if "required" in parameters:
-                dumped["parameters"]["required"] = list(parameters["required"])
-        if "strict" in function:
-            dumped["strict"] = function["strict"]
-        out.append({"type": schema["type"], "function": dumped})
-    return out
+    """The tool schemas as the ``credit_agent`` loop hands them to the chat template: an
+    environment's own schemas, unchanged and complete (``agent_loop.prompt_tool_schema``; verl's
+    pydantic dump, which drops ``items``, ``$defs``, ``anyOf``..., is not used). Deep copies."""
+    return copy.deepcopy([dict(schema) for schema in schemas])
 
 
 #: the service world's tools as the chat template sees them inside verl
