@@ -231,17 +231,8 @@ def test_history_not_generated_by_a_logged_call_gets_zero_tokens(tmp_path: Path)
             1,
             "request.messages[0].role",
         ),
-        ('{"request": {"messages": []}, "response": {"choices": []}}\n', 1, "response.choices"),
-        (
-            '{"request": {"messages": [], "system": "s"}, "stream": [{"type": "message_start", "message": {}}, '
-            '{"type": "content_block_start", "index": 0, "content_block": {"type": "tool_use", "name": "Read"}}, '
-            '{"type": "content_block_delta", "index": 0, "delta": {"type": "input_json_delta", '
-            '"partial_json": "{\\"a"}}]}'
-            "\n",
-            1,
-            "tool input JSON does not parse",
-        ),
-        ('{"request": {"messages": []}, "stream": ["data: {oops"]}\n', 1, "stream[0]"),
+        # (issue 16) an empty `choices`, a cut-off tool input and bad JSON in one SSE line are response-side:
+        # no longer fatal, a failed or flagged call -- see tests/test_ingest_traffic.py
         ('{"session_id": "s", "reward": "yes"}\n', 1, "field 'reward'"),
     ],
 )

@@ -16,15 +16,23 @@ def add_parser(subparsers: Any) -> None:
         "ingest",
         help="turn an API-boundary gateway log into rollouts (one trajectory per session)",
         description="Read a gateway log (one model call per line: request, response or streamed chunks), "
-        "drop failed attempts and retries, group calls into sessions (session id, else prefix continuity) "
-        "and write rollouts JSONL (DESIGN.md section 8) with per-call token accounting.",
+        "drop failed attempts (error status, in-stream errors, unparseable replies: counted, the run goes on) "
+        "and retries, group calls into sessions (session id, else prefix continuity and tool-call ids) "
+        "and write rollouts JSONL (DESIGN.md section 8) with per-call token accounting. A malformed request, "
+        "a wrong --format or an unsupported API is an error naming file, line and field.",
     )
     parser.add_argument("--input", required=True, help="gateway log JSONL")
     parser.add_argument("--out", required=True, help="rollouts JSONL to write")
     parser.add_argument(
         "--format", choices=FORMATS, default="auto", help="API format of every line (default: per line)"
     )
-    parser.add_argument("--stats", default=None, help="also write the ingestion counts as JSON here")
+    parser.add_argument("--stats", default=None, help="also write the ingestion counts (and issues) as JSON here")
+    parser.add_argument(
+        "--max-notes",
+        type=int,
+        default=20,
+        help="print at most this many failed/flagged-call notes (all are in --stats; default 20)",
+    )
     parser.set_defaults(run=run)
 
 
@@ -35,7 +43,10 @@ def run(args: argparse.Namespace) -> int:
         with open(args.stats, "w", encoding="utf-8") as handle:
             json.dump(stats.to_json(), handle, indent=2)
     print(f"wrote {len(records)} trajectories to {args.out}", file=sys.stderr)
+    print(stats.summary_line(args.input), file=sys.stderr)
     print(stats.summary(), file=sys.stderr)
+    for note in notes(stats.issues, args.input, args.max_notes):
+        print(note, file=sys.stderr)
     if stats.missing_rewards:
         print(
             f"note: {stats.missing_rewards} trajectories have no reward in the log (written as 0.0 with "
@@ -43,3 +54,11 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+def notes(issues: list[str], log: str, limit: int) -> list[str]:
+    """``note: LOG:LINE: field '...': why`` per failed/flagged call, at most ``limit`` of them."""
+    shown = [f"note: {log}:{issue}" for issue in issues[: max(limit, 0)]]
+    if len(issues) > len(shown):
+        shown.append(f"note: ... and {len(issues) - len(shown)} more (see --stats)")
+    return shown

@@ -4,7 +4,8 @@ trajectories in the rollouts format of DESIGN.md section 8, with per-call token 
     records, stats = ingest_log("gateway.jsonl")          # format auto-detected per line
     write_jsonl("rollouts.jsonl", records)
 
-See :mod:`verl_credit.ingest.records` for the log line format and
+See :mod:`verl_credit.ingest.records` for the log line format and what is fatal (a malformed
+request, a wrong ``--format``, an unsupported API) versus counted (a failed or flagged call), and
 :mod:`verl_credit.ingest.sessions` for deduplication, session grouping and token accounting.
 """
 
@@ -13,16 +14,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from verl_credit.ingest.model_call import ModelCall, RecordError
+from verl_credit.ingest.model_call import FormatError, ModelCall, RecordError
 from verl_credit.ingest.records import FORMATS, RewardRecord, parse_record
 from verl_credit.ingest.sessions import IngestStats, build_trajectories
 from verl_credit.io import InputError, iter_jsonl
 
-__all__ = ["FORMATS", "IngestStats", "ModelCall", "ingest_log", "read_gateway_log"]
+__all__ = ["FORMATS", "FormatError", "IngestStats", "ModelCall", "ingest_log", "read_gateway_log"]
 
 
 def read_gateway_log(path: str | Path, api_format: str = "auto") -> tuple[list[ModelCall], list[RewardRecord], int]:
-    """Parse every line; a malformed record raises :class:`InputError` naming file, line and field."""
+    """Parse every line. A line that cannot be read as asked (malformed request, wrong format,
+    unsupported API) raises :class:`InputError` naming file, line and field; a call whose reply is
+    an error or cannot be parsed is returned as a failed :class:`ModelCall` and the run goes on."""
     if api_format not in FORMATS:
         raise ValueError(f"--format must be one of {FORMATS}, got {api_format!r}")
     calls: list[ModelCall] = []
@@ -41,7 +44,7 @@ def read_gateway_log(path: str | Path, api_format: str = "auto") -> tuple[list[M
 def ingest_log(path: str | Path, api_format: str = "auto") -> tuple[list[dict[str, Any]], IngestStats]:
     """Rollout records and counts for one gateway log."""
     calls, rewards, count = read_gateway_log(path, api_format)
-    stats = IngestStats(records=count, calls=len(calls), reward_records=len(rewards))
+    stats = IngestStats(records=count, calls=len(calls), reward_records=len(rewards))  # the rest: build_trajectories
     stats.streamed_calls = sum(c.streamed for c in calls)
     stats.usage_token_calls = sum(c.ok and c.token_source == "usage" for c in calls)
     stats.whitespace_token_calls = sum(c.ok and c.token_source == "whitespace" for c in calls)

@@ -2,8 +2,9 @@
 
 ``tool_use`` blocks become assistant ``tool_calls`` (``input`` serialized as the arguments JSON);
 ``tool_result`` blocks become ``tool`` messages (placed before the rest of their user turn, as the
-API requires them first); ``thinking`` blocks become ``reasoning_content``; the top-level
-``system`` becomes the first message.
+API requires them first); ``thinking`` blocks become ``reasoning_content``; server-side tools
+(``server_tool_use`` + ``*_tool_result``, e.g. web search) become ``server_tool_calls`` of the
+assistant message that ran them; the top-level ``system`` becomes the first message.
 """
 
 from __future__ import annotations
@@ -11,9 +12,32 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from verl_credit.ingest.model_call import RecordError
+from verl_credit.ingest.model_call import FormatError, RecordError
 
-__all__ = ["anthropic_response_message", "anthropic_usage", "assemble_anthropic_stream", "normalize_anthropic_messages"]
+__all__ = [
+    "RAW_INPUT",
+    "anthropic_response_message",
+    "anthropic_usage",
+    "assemble_anthropic_stream",
+    "is_anthropic_event",
+    "normalize_anthropic_messages",
+]
+
+SERVER_TOOL_USE = ("server_tool_use", "mcp_tool_use")
+# key under which the assembler keeps a streamed tool input whose JSON does not parse
+RAW_INPUT = "_raw_input"
+_EVENT_TYPES = frozenset(
+    (
+        "message_start",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+        "ping",
+        "error",
+    )
+)
 
 
 def _block_text(content: Any, where: str) -> str:
@@ -34,36 +58,80 @@ def _block_text(content: Any, where: str) -> str:
     return "\n".join(texts)
 
 
+def _tool_call(block: dict[str, Any], where: str) -> dict[str, Any]:
+    if not isinstance(block.get("name"), str):
+        raise RecordError(f"{where}.name", "missing")
+    raw = block.get(RAW_INPUT)  # a streamed input that did not parse: kept as it came
+    arguments = raw if isinstance(raw, str) else json.dumps(block.get("input") or {}, ensure_ascii=False)
+    return {"id": block.get("id"), "type": "function", "function": {"name": block["name"], "arguments": arguments}}
+
+
+def _result_text(content: Any) -> str:
+    """Readable text of a server tool result (search hits, fetched text, code output, an error)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(t for t in (_result_text(item) for item in content) if t)
+    if isinstance(content, dict):
+        if content.get("error_code") is not None:
+            return f"error: {content['error_code']}"
+        found = " ".join(str(content[k]) for k in ("title", "url", "text") if isinstance(content.get(k), str))
+        ran = [f"{k}: {content[k]}" for k in ("stdout", "stderr", "return_code") if content.get(k) not in (None, "")]
+        nested = _result_text(content["content"]) if "content" in content else ""
+        return "\n".join(p for p in [found, *ran, nested] if p)
+    return str(content)
+
+
 def _assistant_from_blocks(content: Any, where: str) -> dict[str, Any]:
+    """An assistant turn of blocks -> one message.
+
+    Client ``tool_use`` blocks become ``tool_calls``. Server-side tools (``server_tool_use`` /
+    ``mcp_tool_use`` and their ``*_tool_result`` blocks, e.g. web search) ran inside this one
+    model call, so they are no client tool calls (no tool message will answer them): they go to
+    ``server_tool_calls`` as ``{"id", "name", "arguments", "result_type", "result"}``. Adjacent text
+    blocks (a reply split by citations) are joined as they are; text on either side of another
+    block is separated by a blank line, not glued together.
+    """
     if isinstance(content, str):
         return {"role": "assistant", "content": content}
     if not isinstance(content, list):
         raise RecordError(where, f"expected a list of content blocks, got {type(content).__name__}")
-    texts, thinking, calls = [], [], []
+    runs: list[list[str]] = [[]]
+    thinking: list[str] = []
+    calls: list[dict[str, Any]] = []
+    server: dict[str, dict[str, Any]] = {}
     for k, block in enumerate(content):
         if not isinstance(block, dict):
             raise RecordError(f"{where}[{k}]", "expected a content block object")
-        kind = block.get("type")
+        kind = str(block.get("type"))
         if kind == "text":
-            texts.append(str(block.get("text", "")))
-        elif kind == "thinking":
+            runs[-1].append(str(block.get("text", "")))
+            continue
+        if runs[-1]:
+            runs.append([])
+        if kind == "thinking":
             thinking.append(str(block.get("thinking", "")))
-        elif kind in ("tool_use", "server_tool_use"):
-            if not isinstance(block.get("name"), str):
-                raise RecordError(f"{where}[{k}].name", "missing")
-            calls.append(
-                {
-                    "id": block.get("id"),
-                    "type": "function",
-                    "function": {
-                        "name": block["name"],
-                        "arguments": json.dumps(block.get("input") or {}, ensure_ascii=False),
-                    },
-                }
-            )
-    message: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
+        elif kind == "tool_use":
+            calls.append(_tool_call(block, f"{where}[{k}]"))
+        elif kind in SERVER_TOOL_USE:
+            call = _tool_call(block, f"{where}[{k}]")
+            key = str(block.get("id") or f"#{k}")
+            entry = server.setdefault(key, {"id": block.get("id"), "result_type": None, "result": None})
+            entry.update(name=call["function"]["name"], arguments=call["function"]["arguments"])
+        elif kind.endswith("_tool_result"):
+            key = str(block.get("tool_use_id") or f"#{k}")
+            entry = server.setdefault(key, {"id": block.get("tool_use_id"), "name": None, "arguments": None})
+            entry.update(result_type=kind, result=_result_text(block.get("content")))
+    text = "\n\n".join(joined for joined in ("".join(run) for run in runs) if joined)
+    message: dict[str, Any] = {"role": "assistant", "content": text}
     if calls:
         message["tool_calls"] = calls
+    if server:
+        message["server_tool_calls"] = [
+            {k: entry.get(k) for k in ("id", "name", "arguments", "result_type", "result")} for entry in server.values()
+        ]
     if thinking:
         message["reasoning_content"] = "".join(thinking)
     return message
@@ -110,8 +178,17 @@ def anthropic_response_message(response: dict[str, Any]) -> dict[str, Any]:
     if response.get("type") == "error":
         raise RecordError("response", f"is an error: {response.get('error')}")
     if "content" not in response:
-        raise RecordError("response.content", "missing")
+        raise FormatError(
+            "response.content",
+            "missing: not an Anthropic message"
+            + (" (an OpenAI chat completion read as --format anthropic?)" if "choices" in response else ""),
+        )
     return _assistant_from_blocks(response["content"], "response.content")
+
+
+def anthropic_stop_reason(response: dict[str, Any]) -> str | None:
+    reason = response.get("stop_reason")
+    return str(reason) if reason else None
 
 
 def anthropic_usage(usage: Any) -> tuple[int | None, int | None]:
@@ -124,19 +201,32 @@ def anthropic_usage(usage: Any) -> tuple[int | None, int | None]:
     return prompt, int(completion) if isinstance(completion, int) else None
 
 
+def is_anthropic_event(event: dict[str, Any]) -> bool:
+    """Whether a stream event is a messages-API event (used to catch a wrong ``--format``)."""
+    return event.get("type") in _EVENT_TYPES
+
+
 def assemble_anthropic_stream(events: list[dict[str, Any]]) -> dict[str, Any]:
-    """Assemble messages-API stream events into one response body (``type: message``)."""
+    """Assemble messages-API stream events into one response body (``type: message``).
+
+    A tool input whose ``input_json_delta`` pieces do not parse (a reply cut off by
+    ``max_tokens``) is kept as its raw text under :data:`RAW_INPUT`; the caller flags the call.
+    Error events are the caller's business (a failed attempt); here they are an error.
+    """
     blocks: dict[int, dict[str, Any]] = {}
     partial_json: dict[int, list[str]] = {}
     usage: dict[str, Any] = {}
     stop_reason = None
+    body_id, model = None, None
     for k, event in enumerate(events):
         where = f"stream[{k}]"
         if not isinstance(event, dict):
             raise RecordError(where, f"expected an event object, got {type(event).__name__}")
         kind = event.get("type")
         if kind == "message_start":
-            usage.update((event.get("message") or {}).get("usage") or {})
+            start = event.get("message") or {}
+            usage.update(start.get("usage") or {})
+            body_id, model = start.get("id"), start.get("model")
         elif kind == "content_block_start":
             block = event.get("content_block")
             if not isinstance(block, dict):
@@ -163,7 +253,15 @@ def assemble_anthropic_stream(events: list[dict[str, Any]]) -> dict[str, Any]:
         text = "".join(pieces)
         try:
             blocks[index]["input"] = json.loads(text) if text.strip() else {}
-        except json.JSONDecodeError as exc:
-            raise RecordError(f"stream.content[{index}].input", f"tool input JSON does not parse: {exc.msg}") from None
+        except json.JSONDecodeError:
+            blocks[index][RAW_INPUT] = text
     content = [blocks[i] for i in sorted(blocks)]
-    return {"type": "message", "role": "assistant", "content": content, "stop_reason": stop_reason, "usage": usage}
+    return {
+        "id": body_id,
+        "model": model,
+        "type": "message",
+        "role": "assistant",
+        "content": content,
+        "stop_reason": stop_reason,
+        "usage": usage,
+    }

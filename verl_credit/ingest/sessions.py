@@ -1,16 +1,25 @@
 """Model calls -> sessions -> trajectories (DESIGN.md section 8) with per-call token accounting.
 
-1. **Failed attempts** (error status, no response) are dropped.
+1. **Failed attempts** (error status, error inside the stream or body, no or unparseable
+   response) are dropped and counted; flagged calls (e.g. tool arguments cut off by
+   ``max_tokens``, kept raw) stay.
 2. **Partition** by session id; calls without one share one partition.
-3. **Retries**: calls of a partition with the same request are one request. Identical responses are
-   duplicates. Of different responses, the ones *continued* by a later request (whose messages
-   start with this request + this response) are kept -- several continued ones are genuine
-   branches (e.g. the N rollouts of a GRPO group logged without session ids); when none is
-   continued, the last one is kept (what the client used after retrying).
-4. **Chains by prefix continuity**: a call's parent is the kept call whose request + response is
-   the longest prefix of its request. Every leaf of the resulting forest is one trajectory:
-   the leaf's request + response, with each call's generated response at its position.
-5. **Tokens**: ``action_token_lengths`` = each call's completion tokens (0 for assistant messages
+3. **Duplicates**: the same request and reply logged twice with the same identity (model,
+   response id, timestamp) is one call. Equal content with another identity is a separate
+   generation (identical GRPO rollouts), never merged.
+4. **Chains by prefix continuity**: a call's parent is a call whose request + response is the
+   longest prefix of its request (assistant messages compared without reasoning text). When the
+   client re-sent the reply in another shape, the parent is found by the reply's tool-call ids,
+   which reappear in the later request. Of several equal candidate parents (identical rollouts)
+   the one with the fewest children so far is taken, so each rollout keeps its own chain.
+5. **Retries**: sibling calls (same parent, same request) are one request sent again. The ones
+   *continued* by a later call are kept -- several continued ones are genuine branches (e.g. the
+   N rollouts of a GRPO group logged without session ids); when none is continued, the last one
+   is kept (what the client used after retrying), preferring one that is not flagged. A flagged
+   leaf whose parent was continued along another child (the client moved on from a cut-off
+   reply) is dropped too, counted. Every leaf of the resulting forest is one
+   trajectory: the leaf's request + response, with each call's generated response at its position.
+6. **Tokens**: ``action_token_lengths`` = each call's completion tokens (0 for assistant messages
    no logged call generated, e.g. injected history); ``token_accounting.per_request`` = sum over
    calls of prompt + completion tokens (one training row per request), ``prefix_merged`` = the
    leaf's prompt + completion tokens (one merged row).
@@ -20,11 +29,11 @@ from __future__ import annotations
 
 import hashlib
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from verl_credit.ingest.model_call import ModelCall, canonical_message
+from verl_credit.ingest.model_call import ModelCall, canonical_message, loose_canonical_message
 from verl_credit.ingest.records import RewardRecord
 
 __all__ = ["IngestStats", "build_trajectories"]
@@ -32,17 +41,31 @@ __all__ = ["IngestStats", "build_trajectories"]
 
 @dataclass
 class IngestStats:
-    """Counts of one ingestion (printed by ``verl-credit ingest``)."""
+    """Counts of one ingestion (printed by ``verl-credit ingest``).
+
+    ``failed_attempts`` = ``http_failures`` (error status or error field on the log line, no
+    response logged) + ``api_errors`` (an error inside an HTTP-200 body or stream) +
+    ``unparseable_calls``. ``issues`` holds one ``"LINE: field '...': why"`` per API error,
+    unparseable or flagged call.
+    """
 
     records: int = 0
     calls: int = 0
     reward_records: int = 0
+    parsed_calls: int = 0
+    flagged_calls: int = 0
     failed_attempts: int = 0
+    http_failures: int = 0
+    api_errors: int = 0
+    unparseable_calls: int = 0
     retries_dropped: int = 0
     duplicates_dropped: int = 0
+    abandoned_flagged_dropped: int = 0
     streamed_calls: int = 0
     usage_token_calls: int = 0
     whitespace_token_calls: int = 0
+    server_tool_calls: int = 0
+    tool_id_links: int = 0
     sessions: int = 0
     trajectories: int = 0
     branched_sessions: int = 0
@@ -51,72 +74,154 @@ class IngestStats:
     unlogged_assistant_messages: int = 0
     per_request_tokens: int = 0
     prefix_merged_tokens: int = 0
+    issues: list[str] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, int]:
+    def to_json(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def summary_line(self, log: str) -> str:
+        """The one line per log: calls parsed, failed attempts, flagged calls, sessions."""
+        return (
+            f"{log}: {self.parsed_calls} calls parsed, {self.failed_attempts} failed attempts "
+            f"({self.api_errors} API errors, {self.unparseable_calls} unparseable), {self.flagged_calls} flagged "
+            f"calls, {self.sessions} sessions -> {self.trajectories} trajectories"
+        )
 
     def summary(self) -> str:
         return (
             f"{self.records} records: {self.calls} calls ({self.streamed_calls} streamed), "
             f"{self.failed_attempts} failed attempts, {self.retries_dropped} retries and "
-            f"{self.duplicates_dropped} duplicates dropped; {self.sessions} sessions -> {self.trajectories} "
+            f"{self.duplicates_dropped} duplicates dropped, {self.abandoned_flagged_dropped} abandoned flagged "
+            f"calls dropped; {self.sessions} sessions -> {self.trajectories} "
             f"trajectories ({self.branched_sessions} branched, {self.missing_rewards} without reward); tokens: "
             f"per_request {self.per_request_tokens}, prefix_merged {self.prefix_merged_tokens} "
             f"({self.usage_token_calls} calls counted from usage, {self.whitespace_token_calls} by whitespace)"
         )
 
 
-@dataclass
+@dataclass(eq=False)  # nodes are compared by identity: equal content may be distinct calls
 class _Node:
     call: ModelCall
     prefix_hashes: list[str]  # hash of the first k request messages, k = 0..len
+    loose_hashes: list[str]  # the same with id-carrying tool-call messages keyed by their ids
     continuation: str  # hash of request + response
+    loose_continuation: str
     attempts: int = 1
     parent: _Node | None = None
     children: list[_Node] = field(default_factory=list)
 
+    def sort_key(self) -> tuple[float, int]:
+        return self.call.order, self.call.line
 
-def _step(previous: str, message: dict[str, Any] | None) -> str:
-    return hashlib.sha256((previous + "\x00" + canonical_message(message)).encode("utf-8")).hexdigest()
+
+def _chain(messages: list[dict[str, Any]], canonical: Callable[[dict[str, Any] | None], str]) -> list[str]:
+    hashes = [hashlib.sha256(b"").hexdigest()]
+    for message in messages:
+        hashes.append(_step(hashes[-1], message, canonical))
+    return hashes
+
+
+def _step(previous: str, message: dict[str, Any] | None, canonical: Callable[[dict[str, Any] | None], str]) -> str:
+    return hashlib.sha256((previous + "\x00" + canonical(message)).encode("utf-8")).hexdigest()
 
 
 def _node(call: ModelCall) -> _Node:
-    hashes = [hashlib.sha256(b"").hexdigest()]
-    for message in call.request_messages:
-        hashes.append(_step(hashes[-1], message))
-    return _Node(call, hashes, _step(hashes[-1], call.response))
+    strict = _chain(call.request_messages, canonical_message)
+    loose = _chain(call.request_messages, loose_canonical_message)
+    return _Node(
+        call,
+        strict,
+        loose,
+        _step(strict[-1], call.response, canonical_message),
+        _step(loose[-1], call.response, loose_canonical_message),
+    )
 
 
-def _dedupe(nodes: list[_Node], stats: IngestStats) -> list[_Node]:
-    """Step 3: one node per distinct request, except genuine continued branches."""
-    prefixes = {h for node in nodes for h in node.prefix_hashes[1:]}
-    by_request: dict[str, list[_Node]] = defaultdict(list)
+def _drop_duplicates(nodes: list[_Node], stats: IngestStats) -> list[_Node]:
+    """Step 3: one node per (request + reply, identity); the last copy in the log wins."""
+    distinct: dict[tuple[str, tuple[Any, ...]], _Node] = {}
     for node in nodes:
-        by_request[node.prefix_hashes[-1]].append(node)
-    kept = []
-    for group in by_request.values():
-        distinct: dict[str, _Node] = {}
-        for node in group:  # in log order: the last copy of a response wins
-            if node.continuation in distinct:
-                stats.duplicates_dropped += 1
-            distinct[node.continuation] = node
-        continued = [n for n in distinct.values() if n.continuation in prefixes]
-        survivors = continued or [max(distinct.values(), key=lambda n: (n.call.order, n.call.line))]
-        stats.retries_dropped += len(distinct) - len(survivors)
-        kept.extend(survivors)
-    return sorted(kept, key=lambda n: (n.call.order, n.call.line))
+        key = (node.continuation, node.call.identity())
+        if key in distinct:
+            stats.duplicates_dropped += 1
+        distinct[key] = node
+    return sorted(distinct.values(), key=_Node.sort_key)
 
 
-def _link(nodes: list[_Node]) -> None:
-    """Step 4: parent = the node whose request + response is the longest prefix of this request."""
-    by_continuation = {node.continuation: node for node in nodes}
+def _pick(candidates: list[_Node] | None, child: _Node) -> _Node | None:
+    """Of equal-content candidate parents, one that precedes the child and has the fewest
+    children so far (identical rollouts: one child each), earliest first."""
+    pool = [c for c in candidates or [] if c is not child]
+    before = [c for c in pool if c.sort_key() < child.sort_key()]
+    pool = before or pool
+    return min(pool, key=lambda c: (len(c.children), c.sort_key())) if pool else None
+
+
+def _link(nodes: list[_Node], stats: IngestStats) -> None:
+    """Step 4: parent = a node whose request + response is the longest prefix of this request,
+    compared by content, else by the tool-call ids of the re-sent reply."""
+    strict: dict[str, list[_Node]] = defaultdict(list)
+    loose: dict[str, list[_Node]] = defaultdict(list)
     for node in nodes:
+        strict[node.continuation].append(node)
+        loose[node.loose_continuation].append(node)
+    for node in nodes:  # in log order, so that equal candidates are shared out in turn
         for k in range(len(node.prefix_hashes) - 1, 0, -1):
-            parent = by_continuation.get(node.prefix_hashes[k])
-            if parent is not None and parent is not node:
+            parent = _pick(strict.get(node.prefix_hashes[k]), node)
+            by_ids = parent is None
+            if by_ids:
+                parent = _pick(loose.get(node.loose_hashes[k]), node)
+            if parent is not None:
                 node.parent = parent
                 parent.children.append(node)
+                stats.tool_id_links += int(by_ids)
                 break
+
+
+def _drop_retries(nodes: list[_Node], stats: IngestStats) -> list[_Node]:
+    """Step 5: of sibling calls with the same request keep the continued ones, else the last
+    (preferring one that is not flagged); then drop flagged leaves whose parent went on elsewhere."""
+    siblings: dict[tuple[int, str], list[_Node]] = defaultdict(list)
+    for node in nodes:
+        siblings[(id(node.parent) if node.parent is not None else 0, node.prefix_hashes[-1])].append(node)
+    dropped: set[int] = set()
+    for group in siblings.values():
+        continued = [n for n in group if n.children]
+        clean = [n for n in group if not n.call.flags] or group  # a retry that parsed beats a flagged one
+        survivors = continued or [max(clean, key=_Node.sort_key)]
+        for node in group:
+            if node not in survivors:  # childless: removing it orphans nothing
+                dropped.add(id(node))
+                if node.parent is not None:
+                    node.parent.children.remove(node)
+        stats.retries_dropped += len(group) - len(survivors)
+    for node in nodes:  # a flagged dead end the client moved on from is an attempt, not a branch
+        parent = node.parent
+        if node.call.flags and not node.children and parent is not None and len(parent.children) > 1:
+            dropped.add(id(node))
+            parent.children.remove(node)
+            stats.abandoned_flagged_dropped += 1
+    return [n for n in nodes if id(n) not in dropped]
+
+
+def _count_call(call: ModelCall, stats: IngestStats) -> None:
+    """Step 1 counts; every API error, unparseable or flagged call is also listed in ``issues``."""
+    if not call.ok:
+        stats.failed_attempts += 1
+        if call.failure_kind == "api_error":
+            stats.api_errors += 1
+        elif call.failure_kind == "unparseable":
+            stats.unparseable_calls += 1
+        else:
+            stats.http_failures += 1
+        if call.failure_kind in ("api_error", "unparseable"):
+            stats.issues.append(f"{call.line}: {call.failure} (failed attempt)")
+        return
+    stats.parsed_calls += 1
+    stats.server_tool_calls += len((call.response or {}).get("server_tool_calls") or [])
+    if call.flags:
+        stats.flagged_calls += 1
+        stats.issues.extend(f"{call.line}: {flag} (flagged call, kept)" for flag in call.flags)
 
 
 def _path(leaf: _Node) -> list[_Node]:
@@ -161,6 +266,7 @@ def _trajectory(
                 "token_source": call.token_source,
                 "streamed": call.streamed,
                 "attempts": node.attempts,
+                "flags": list(call.flags),
             }
         )
     per_request = sum(c["prompt_tokens"] + c["completion_tokens"] for c in calls)
@@ -200,22 +306,20 @@ def build_trajectories(
     stats = stats or IngestStats()
     reward_of = {r.session_id: r for r in rewards}
     partitions: dict[str | None, list[_Node]] = defaultdict(list)
-    attempts: dict[tuple[str | None, str], int] = defaultdict(int)  # times each request was sent
+    sent: dict[tuple[str | None, str], int] = defaultdict(int)  # times each request was sent
     for call in calls:
-        attempts[(call.session_id, call.request_key())] += 1
-        if not call.ok:
-            stats.failed_attempts += 1
-            continue
-        partitions[call.session_id].append(_node(call))
-    for session_id, nodes in partitions.items():
-        for node in nodes:
-            node.attempts = attempts[(session_id, node.call.request_key())]
+        sent[(call.session_id, call.request_key())] += 1
+        _count_call(call, stats)
+        if call.ok:
+            partitions[call.session_id].append(_node(call))
     seen_sessions = set()
     out: list[tuple[tuple[float, int], dict[str, Any]]] = []
     anonymous = 0
     for session_id, nodes in partitions.items():
-        kept = _dedupe(nodes, stats)
-        _link(kept)
+        kept = _drop_duplicates(nodes, stats)
+        _link(kept, stats)
+        kept = _drop_retries(kept, stats)
+        _set_attempts(kept, session_id, sent)
         roots = [n for n in kept if n.parent is None]
         if session_id is not None:
             seen_sessions.add(session_id)
@@ -248,3 +352,14 @@ def build_trajectories(
     records = [record for _, record in out]
     stats.trajectories = len(records)
     return records, stats
+
+
+def _set_attempts(kept: list[_Node], session_id: str | None, sent: dict[tuple[str | None, str], int]) -> None:
+    """Attempts of a kept call: the times its request was sent, less the other kept calls with
+    the same request (branches or identical rollouts are not attempts of each other)."""
+    kept_with: dict[str, int] = defaultdict(int)
+    for node in kept:
+        kept_with[node.call.request_key()] += 1
+    for node in kept:
+        key = node.call.request_key()
+        node.attempts = max(1, sent[(session_id, key)] - (kept_with[key] - 1))
