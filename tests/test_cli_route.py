@@ -133,3 +133,89 @@ def test_route_reuses_the_annotation_cache(tmp_path: Path, capsys) -> None:
     assert main(args) == 0
     # 5 of the 6 lines are annotated (t4 carries its own graph); the second run hits the cache for all 5
     assert re.search(rf"cache hit rate\s+{5 / 6:.4f}", capsys.readouterr().out)
+
+
+def _rollout(trajectory_id: str, uid: object, reward: float) -> str:
+    return json.dumps({**json.loads(GOOD), "id": trajectory_id, "uid": uid, "reward": reward, "graph": None})
+
+
+@pytest.mark.parametrize(("a", "b"), [(None, "None"), (1, "1"), (True, "true"), (None, "null")])
+def test_uids_of_different_json_types_are_different_groups(tmp_path: Path, a: object, b: object) -> None:
+    path = write_lines(tmp_path / "r.jsonl", [_rollout("x", a, 1.0), _rollout("y", b, 0.0)])
+    out = tmp_path / "o.jsonl"
+    assert main(["route", "--input", str(path), "--out", str(out), "--estimator", "grpo"]) == 0
+    # two singleton groups (verl: mean 0, std 1); one merged group would give y a negative advantage
+    x, y = read_jsonl(out)
+    assert y["trajectory_advantage"] == 0.0 and x["trajectory_advantage"] == pytest.approx(1.0, rel=1e-5)
+    assert [r["uid"] for r in read_jsonl(out)] == [str(a), str(b)]  # the written uid is unchanged
+
+
+def test_duplicate_ids_are_warned_with_their_line(tmp_path: Path, capsys) -> None:
+    path = write_lines(tmp_path / "r.jsonl", [GOOD, GOOD])
+    assert main(["route", "--input", str(path), "--out", str(tmp_path / "o.jsonl"), "--estimator", "grpo"]) == 0
+    captured = capsys.readouterr()
+    assert f"{path}:2: warning: duplicate trajectory id" in captured.err
+    assert re.search(r"duplicate ids\s+1", captured.out)
+
+
+def test_out_through_a_symlink_writes_the_target(tmp_path: Path) -> None:
+    real, link = tmp_path / "real.jsonl", tmp_path / "link.jsonl"
+    real.write_text("old\n")
+    real.chmod(0o640)
+    link.symlink_to(real)
+    assert main(["route", "--input", str(EXAMPLE), "--out", str(link), "--estimator", "grpo"]) == 0
+    assert link.is_symlink() and len(read_jsonl(real)) == len(read_jsonl(EXAMPLE))
+    assert real.stat().st_mode & 0o777 == 0o640
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.jsonl", "real.jsonl"]  # no temporary left
+
+
+def test_out_into_a_fifo_writes_in_place(tmp_path: Path) -> None:
+    import os
+    import stat
+    import threading
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    received: list[bytes] = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()))
+    reader.start()
+    assert main(["route", "--input", str(EXAMPLE), "--out", str(fifo), "--estimator", "grpo"]) == 0
+    reader.join(30)
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert len(received[0].splitlines()) == len(read_jsonl(EXAMPLE))
+
+
+def test_out_into_a_device_keeps_the_device(tmp_path: Path) -> None:
+    import os
+    import stat
+
+    device = tmp_path / "null"
+    try:
+        os.mknod(device, 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # a /dev/null of our own
+    except PermissionError:
+        pytest.skip("mknod needs root")
+    assert main(["annotate", "--input", str(EXAMPLE), "--out", str(device)]) == 0
+    assert stat.S_ISCHR(os.stat(device).st_mode)
+
+
+def test_out_a_directory_is_one_line_error(tmp_path: Path, capsys) -> None:
+    assert main(["route", "--input", str(EXAMPLE), "--out", str(tmp_path), "--estimator", "grpo"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{tmp_path}: cannot write: is a directory" in err[0]
+
+
+@pytest.mark.parametrize("reward", [1e39, 3.4e38, -1e300])
+@pytest.mark.parametrize("estimator", ["iapo", "grpo", "call_credit"])
+def test_route_huge_finite_reward_gives_finite_credit(tmp_path: Path, estimator: str, reward: float) -> None:
+    """A finite reward past float32's range (once cast to fp32: inf, then NaN advantages) is
+    normalized in float64: every written number is finite."""
+    import math
+
+    rollouts = read_jsonl(EXAMPLE)
+    rollouts[0]["reward"] = reward
+    path = tmp_path / "huge.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rollouts))
+    out = tmp_path / "out.jsonl"
+    assert main(["route", "--input", str(path), "--out", str(out), "--estimator", estimator]) == 0
+    values = [a["advantage"] for record in read_jsonl(out) for a in record["actions"]]
+    assert values and all(math.isfinite(v) for v in values)

@@ -103,3 +103,58 @@ def test_schema_bounds_indices() -> None:
     assert edge_props["src"]["maximum"] == 3
     assert set(edge_props["type"]["enum"]) == {"input", "success_utilization", "failed_utilization"}
     assert schema["properties"]["num_actions"]["enum"] == [4]
+
+
+@pytest.mark.parametrize("index", ["--0", "²", "٣", "1.0", "0x1", ["0"], {"a": 0}, 1.0, True, 10**400])
+def test_odd_indices_drop_the_edge_without_raising(index) -> None:
+    raw = {"num_actions": 3, "edges": [{"src": index, "dst": 2, "sign": "+", "type": "input"}]}
+    graph, report = validate_graph(raw, 3)
+    assert graph.edges == () and report.repaired_edges == 1 and not report.fallback
+
+
+@pytest.mark.parametrize("value", [["input"], {"t": 1}, None, 3])
+def test_unhashable_or_odd_type_and_sign_are_dropped(value) -> None:
+    for key in ("type", "sign"):
+        edge = {"src": 0, "dst": 1, "sign": "+", "type": "input", key: value}
+        graph, report = validate_graph({"num_actions": 2, "edges": [edge]}, 2)
+        assert graph.edges == () and report.repaired_edges == 1
+
+
+def test_numeric_string_indices_are_used_and_counted() -> None:
+    raw = {
+        "num_actions": 3,
+        "edges": [{"src": "0", "dst": " 2", "sign": "+", "type": "input"}],
+        "errors": [{"action": "1", "kind": "k"}],
+        "direct_user_inputs": {"1": 1, "02": 1},
+    }
+    graph, report = validate_graph(raw, 3)
+    assert [(e.src, e.dst) for e in graph.edges] == [(0, 2)]
+    assert [m.action for m in graph.errors] == [1]
+    assert graph.direct_user_inputs == ((1, 1), (2, 1))
+    assert report.repaired_edges == 3  # the edge, the error mark, the key "02" ("1" is canonical)
+    assert any("strings" in problem for problem in report.problems)
+
+
+def test_missing_edges_duplicate_marks_and_bad_direct_entries_are_counted() -> None:
+    raw = {
+        "num_actions": 3,
+        "errors": [{"action": 1}, {"action": 1, "kind": "again"}],
+        "direct_user_inputs": [[0, 1], 7, [0, 2], ["x", 1], [1, 2, 3]],
+    }
+    graph, report = validate_graph(raw, 3)
+    # edges missing (1) + duplicate mark (1) + 7 and [1, 2, 3] (2) + repeated action 0 (1) + "x" (1)
+    assert report.repaired_edges == 6 and not report.fallback
+    assert [m.kind for m in graph.errors] == ["error"]
+    assert graph.direct_user_inputs == ((0, 2),)
+
+
+def test_huge_direct_input_counts_are_dropped() -> None:
+    graph, report = validate_graph({"num_actions": 2, "edges": [], "direct_user_inputs": {"0": 10**300}}, 2)
+    assert graph.direct_user_inputs == () and report.repaired_edges == 1
+    graph.degree_table  # noqa: B018 - must not overflow
+
+
+@pytest.mark.parametrize("text", ["[" * 5000 + "]" * 5000, '{"num_actions": ' + "9" * 5000 + "}"])
+def test_graph_strings_too_deep_or_too_long_fall_back(text: str) -> None:
+    graph, report = validate_graph(text, 2)
+    assert report.fallback and graph.is_uniform

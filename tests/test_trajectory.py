@@ -141,3 +141,45 @@ def test_record_round_trip() -> None:
     again = Trajectory.from_record(trajectory.to_record())
     assert again.action_lengths == trajectory.action_lengths
     assert again.messages == trajectory.messages
+
+
+def _tool_record(**tool: object) -> dict:
+    return {
+        "id": "t",
+        "reward": 1.0,
+        "messages": [
+            {"role": "assistant", "content": "", "tool_calls": [call("c1", "f", {})]},
+            {"role": "tool", "tool_call_id": "c1", "content": "ok", **tool},
+        ],
+    }
+
+
+@pytest.mark.parametrize(("key", "value"), [("tool_call_id", ["c1"]), ("tool_call_id", {"a": 1}), ("name", ["f"])])
+def test_non_string_tool_ids_and_names_name_the_field(key: str, value: object) -> None:
+    with pytest.raises(TrajectoryError, match=rf"messages\[1\]\.{key}"):
+        Trajectory.from_record(_tool_record(**{key: value}))
+
+
+@pytest.mark.parametrize("reward", [10**400, float("nan"), float("inf")])
+def test_rewards_that_are_no_finite_float_are_rejected(reward: object) -> None:
+    with pytest.raises(TrajectoryError, match="field 'reward'"):
+        Trajectory.from_record({**_tool_record(), "reward": reward})
+
+
+def test_absurd_token_lengths_are_rejected() -> None:
+    with pytest.raises(TrajectoryError, match=r"action_token_lengths\[0\]"):
+        Trajectory.from_record({**_tool_record(), "action_token_lengths": [10**300]})
+
+
+def test_deeply_nested_tool_arguments_are_flagged_not_raised() -> None:
+    messages = [
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "x", "function": {"name": "f", "arguments": '{"a":' + "[" * 5000 + "]" * 5000 + "}"}}
+            ],
+        }
+    ]
+    tool_call = Trajectory.from_messages(messages).actions[0].tool_calls[0]
+    assert not tool_call.arguments_valid and tool_call.arguments == {}

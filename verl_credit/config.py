@@ -6,6 +6,7 @@ the CLI flags build the same objects. Bad values raise ``ValueError`` naming the
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -45,6 +46,7 @@ class IAPOConfig:
     """Added to the feature std in the z-score."""
 
     def __post_init__(self) -> None:
+        _check_finite_fields(self, "credit.iapo")
         if self.clip_c < 0:
             raise ValueError(f"credit.iapo.clip_c must be >= 0, got {self.clip_c}")
         if self.neg_route not in NEG_ROUTES:
@@ -84,6 +86,7 @@ class CounterfactualConfig:
 
     def __post_init__(self) -> None:
         prefix = "credit.call_credit.counterfactual"
+        _check_finite_fields(self, prefix)
         _check_switch(self.enabled, f"{prefix}.enabled")
         _check_count(self.budget, f"{prefix}.budget")
         _check_count(self.concurrency, f"{prefix}.concurrency")
@@ -118,6 +121,7 @@ class IGDownweightConfig:
 
     def __post_init__(self) -> None:
         prefix = "credit.call_credit.ig_downweight"
+        _check_finite_fields(self, prefix)
         _check_switch(self.enabled, f"{prefix}.enabled")
         _check_count(self.budget, f"{prefix}.budget")
         if self.budget < 0:
@@ -142,6 +146,7 @@ class AdaptiveOmegaConfig:
 
     def __post_init__(self) -> None:
         prefix = "credit.call_credit.adaptive_omega"
+        _check_finite_fields(self, prefix)
         _check_switch(self.enabled, f"{prefix}.enabled")
         if not 0 <= self.rho <= 1:
             raise ValueError(f"{prefix}.rho must be in [0, 1], got {self.rho}")
@@ -167,6 +172,7 @@ class DPOExportConfig:
 
     def __post_init__(self) -> None:
         prefix = "credit.call_credit.dpo_export"
+        _check_finite_fields(self, prefix)
         if self.path is not None and (not isinstance(self.path, str) or not self.path):
             raise ValueError(f"{prefix}.path must be a file path or null, got {self.path!r}")
         if self.theta_ae < 0:
@@ -210,6 +216,7 @@ class CallCreditConfig:
     dpo_export: DPOExportConfig = field(default_factory=DPOExportConfig)
 
     def __post_init__(self) -> None:
+        _check_finite_fields(self, "credit.call_credit")
         if self.mode not in CALL_CREDIT_MODES:
             raise ValueError(f"credit.call_credit.mode must be one of {CALL_CREDIT_MODES}, got {self.mode!r}")
         if self.smoothing < 0:
@@ -224,6 +231,7 @@ class CallCreditConfig:
         for role, value in self.omega.items():
             if role not in ROLES:
                 raise ValueError(f"credit.call_credit.omega has unknown role {role!r} (roles: {ROLES})")
+            _check_finite(value, f"credit.call_credit.omega.{role}")
             if not value > 0:
                 raise ValueError(f"credit.call_credit.omega.{role} must be > 0, got {value}")
         if self.rv_reward not in RV_REWARDS:
@@ -264,6 +272,7 @@ class CreditConfig:
     call_credit: CallCreditConfig = field(default_factory=CallCreditConfig)
 
     def __post_init__(self) -> None:
+        _check_finite_fields(self, "credit")
         if self.estimator not in ESTIMATORS:
             raise ValueError(f"credit estimator must be one of {ESTIMATORS}, got {self.estimator!r}")
 
@@ -295,6 +304,20 @@ class CreditConfig:
         if unknown:
             raise ValueError(f"unknown key(s) {', '.join('credit.' + k for k in unknown)}; known: {sorted(top)}")
         return cls(iapo=iapo, call_credit=call_credit, **merged)
+
+
+def _check_finite(value: Any, key: str) -> None:
+    """A number must be finite: NaN passes no comparison check and inf passes many (``>= 0``)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return
+    if not math.isfinite(value):
+        raise ValueError(f"{key} must be a finite number, got {value}")
+
+
+def _check_finite_fields(section: Any, prefix: str) -> None:
+    """:func:`_check_finite` on every numeric field of a config dataclass, naming ``prefix.field``."""
+    for item in fields(section):
+        _check_finite(getattr(section, item.name), f"{prefix}.{item.name}")
 
 
 def _check_switch(value: Any, key: str) -> None:

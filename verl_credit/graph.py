@@ -13,6 +13,8 @@ field) and every consumer (estimators, CLI, audit, benchmarks). It never raises 
 * an offending error mark or direct-input entry is dropped and counted likewise;
 * a failed-use source without an error mark gets ``e_i = 1`` (the invariant ``d-_i > 0 =>
   e_i = 1``), counted in ``errors_added``;
+* an index given as a decimal string (``"src": "1"``) is used and counted in ``repaired_edges``;
+  so are a missing ``edges`` list and a duplicate error mark (dropped);
 * anything that is not repairable without guessing (not a JSON object, unparseable text,
   ``num_actions`` missing or different from the trajectory's, ``edges`` not a list) makes the
   trajectory fall back to the uniform graph (``fallback = True``).
@@ -21,6 +23,7 @@ field) and every consumer (estimators, CLI, audit, benchmarks). It never raises 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -41,6 +44,10 @@ __all__ = [
 EDGE_TYPES: dict[str, str] = {"input": "+", "success_utilization": "+", "failed_utilization": "-"}
 SIGNS = ("+", "-")
 MAX_UNIT_CHARS = 200
+#: largest accepted direct-user-input count of one action (larger ones are dropped and counted)
+MAX_DIRECT_COUNT = 2**31 - 1
+_DECIMAL = re.compile(r"\s*(-?[0-9]+)\s*")  # ASCII digits only (int() also takes "²"-like digits)
+_CANONICAL_INDEX = re.compile(r"0|[1-9][0-9]*")
 
 
 @dataclass(frozen=True)
@@ -152,6 +159,14 @@ def validate_graph(raw: Any, num_actions: int) -> tuple[InfluenceGraph, GraphVal
     Returns the graph to use and a report; never raises on bad content.
     """
     report = GraphValidation()
+    try:
+        return _validate(raw, num_actions, report)
+    except (RecursionError, TypeError, ValueError, OverflowError, AttributeError, KeyError) as exc:
+        # Safety net: content the checks below did not foresee falls back instead of raising.
+        return _fallback(report, num_actions, f"graph could not be validated ({type(exc).__name__})")
+
+
+def _validate(raw: Any, num_actions: int, report: GraphValidation) -> tuple[InfluenceGraph, GraphValidation]:
     if isinstance(raw, InfluenceGraph):
         raw = raw.to_json()
     if isinstance(raw, str | bytes):
@@ -159,6 +174,8 @@ def validate_graph(raw: Any, num_actions: int) -> tuple[InfluenceGraph, GraphVal
             raw = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             return _fallback(report, num_actions, f"unparseable graph JSON: {exc}")
+        except (RecursionError, ValueError) as exc:  # too deep, or Python's int-string limit
+            return _fallback(report, num_actions, f"unparseable graph JSON ({type(exc).__name__})")
     if not isinstance(raw, dict):
         return _fallback(report, num_actions, f"graph is not a JSON object ({type(raw).__name__})")
     declared = raw.get("num_actions")
@@ -166,6 +183,9 @@ def validate_graph(raw: Any, num_actions: int) -> tuple[InfluenceGraph, GraphVal
         return _fallback(report, num_actions, "graph.num_actions missing or not an integer")
     if declared != num_actions:
         return _fallback(report, num_actions, f"graph.num_actions={declared} but the trajectory has {num_actions}")
+    if "edges" not in raw:
+        report.repaired_edges += 1
+        report.note("graph.edges missing; no edges")
     raw_edges = raw.get("edges", [])
     if not isinstance(raw_edges, list):
         return _fallback(report, num_actions, "graph.edges is not a list")
@@ -173,15 +193,19 @@ def validate_graph(raw: Any, num_actions: int) -> tuple[InfluenceGraph, GraphVal
     edges: list[Edge] = []
     seen: set[tuple[int, int, str]] = set()
     for position, raw_edge in enumerate(raw_edges):
-        edge = _parse_edge(raw_edge, num_actions, position, report)
-        if edge is None:
+        parsed = _parse_edge(raw_edge, num_actions, position, report)
+        if parsed is None:
             report.repaired_edges += 1
             continue
+        edge, coerced = parsed
         key = (edge.src, edge.dst, edge.sign)
         if key in seen:
             report.repaired_edges += 1
             report.note(f"edges[{position}]: duplicate of an earlier edge {key}")
             continue
+        if coerced:  # kept, but counted: the schema asks for integers
+            report.repaired_edges += 1
+            report.note(f"edges[{position}]: src/dst given as strings; read as integers")
         seen.add(key)
         edges.append(edge)
 
@@ -192,11 +216,19 @@ def validate_graph(raw: Any, num_actions: int) -> tuple[InfluenceGraph, GraphVal
         report.note("graph.errors is not a list; ignored")
         raw_errors = []
     for position, raw_mark in enumerate(raw_errors):
-        mark = _parse_error(raw_mark, num_actions, position, report)
-        if mark is None:
+        marked = _parse_error(raw_mark, num_actions, position, report)
+        if marked is None:
             report.repaired_edges += 1
-        elif mark.action not in errors:
-            errors[mark.action] = mark
+            continue
+        mark, coerced = marked
+        if mark.action in errors:
+            report.repaired_edges += 1
+            report.note(f"errors[{position}]: duplicate error mark for action {mark.action}; dropped")
+            continue
+        if coerced:
+            report.repaired_edges += 1
+            report.note(f"errors[{position}]: action given as a string; read as an integer")
+        errors[mark.action] = mark
 
     # Invariant d-_i > 0 => e_i = 1: a failed-use edge starts at an action that erred.
     for edge in edges:
@@ -207,21 +239,43 @@ def validate_graph(raw: Any, num_actions: int) -> tuple[InfluenceGraph, GraphVal
 
     direct: dict[int, int] = {}
     raw_direct = raw.get("direct_user_inputs", {})
+    entries: list[tuple[str, Any, Any]] = []  # (where, key, count)
     if isinstance(raw_direct, list):  # tolerate [[action, count], ...]
-        raw_direct = {str(item[0]): item[1] for item in raw_direct if isinstance(item, list | tuple) and len(item) == 2}
-    if not isinstance(raw_direct, dict):
+        listed: dict[str, tuple[str, Any, Any]] = {}
+        for position, item in enumerate(raw_direct):
+            where = f"direct_user_inputs[{position}]"
+            if not (isinstance(item, list | tuple) and len(item) == 2):
+                report.repaired_edges += 1
+                report.note(f"{where}: not an [action, count] pair; dropped")
+                continue
+            key = item[0] if isinstance(item[0], str) else json.dumps(item[0])
+            if key in listed:  # the later pair wins
+                report.repaired_edges += 1
+                report.note(f"{where}: repeats action {key}; the earlier pair is dropped")
+            listed[key] = (where, item[0], item[1])
+        entries = list(listed.values())
+    elif isinstance(raw_direct, dict):
+        entries = [(f"direct_user_inputs[{key!r}]", key, count) for key, count in raw_direct.items()]
+    else:
         report.repaired_edges += 1
         report.note("graph.direct_user_inputs is not an object; ignored")
-        raw_direct = {}
-    for key, count in raw_direct.items():
-        try:
-            action = int(key)
-        except (TypeError, ValueError):
-            action = -1
-        if not 0 <= action < num_actions or isinstance(count, bool) or not isinstance(count, int) or count < 0:
+    for where, key, count in entries:
+        action, coerced = _as_index(key)
+        if isinstance(key, str) and action is not None and _CANONICAL_INDEX.fullmatch(key):
+            coerced = False  # object keys are strings by necessity
+        if (
+            action is None
+            or not 0 <= action < num_actions
+            or isinstance(count, bool)
+            or not isinstance(count, int)
+            or not 0 <= count <= MAX_DIRECT_COUNT
+        ):
             report.repaired_edges += 1
-            report.note(f"direct_user_inputs[{key!r}]={count!r} dropped")
+            report.note(f"{where}={_brief(count)} dropped")
             continue
+        if coerced:
+            report.repaired_edges += 1
+            report.note(f"{where}: action {_brief(key)} read as {action}")
         if count:
             direct[action] = direct.get(action, 0) + count
 
@@ -240,58 +294,76 @@ def _fallback(report: GraphValidation, num_actions: int, problem: str) -> tuple[
     return InfluenceGraph.uniform(num_actions), report
 
 
-def _as_index(value: Any) -> int | None:
+def _brief(value: Any, limit: int = 40) -> str:
+    if isinstance(value, dict | list):
+        return "an object" if isinstance(value, dict) else "a list"
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**limit:
+        return "a huge integer"
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _as_index(value: Any) -> tuple[int | None, bool]:
+    """``(index, coerced)``: an integer as is, a decimal string (ASCII digits) converted with
+    ``coerced = True``, anything else ``(None, False)``."""
     if isinstance(value, bool):
-        return None
+        return None, False
     if isinstance(value, int):
-        return value
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        return int(value)
-    return None
+        return value, False
+    if isinstance(value, str) and len(value) <= 40:
+        match = _DECIMAL.fullmatch(value)
+        if match:
+            return int(match.group(1)), True
+    return None, False
 
 
-def _parse_edge(raw: Any, num_actions: int, position: int, report: GraphValidation) -> Edge | None:
+def _parse_edge(raw: Any, num_actions: int, position: int, report: GraphValidation) -> tuple[Edge, bool] | None:
     where = f"edges[{position}]"
     if not isinstance(raw, dict):
         report.note(f"{where}: not an object")
         return None
-    src, dst = _as_index(raw.get("src")), _as_index(raw.get("dst"))
+    (src, src_coerced), (dst, dst_coerced) = _as_index(raw.get("src")), _as_index(raw.get("dst"))
     if src is None or dst is None:
         report.note(f"{where}: src/dst missing or not integers")
         return None
     if not (0 <= src < num_actions and 0 <= dst < num_actions):
-        report.note(f"{where}: index out of range ({src}->{dst}, {num_actions} actions)")
+        report.note(f"{where}: index out of range ({_brief(src)}->{_brief(dst)}, {num_actions} actions)")
         return None
     if src >= dst:
         report.note(f"{where}: src >= dst ({src}->{dst})")
         return None
     edge_type = raw.get("type")
-    if edge_type not in EDGE_TYPES:
-        report.note(f"{where}: unknown type {edge_type!r}")
+    if not isinstance(edge_type, str) or edge_type not in EDGE_TYPES:
+        report.note(f"{where}: unknown type {_brief(edge_type)}")
         return None
     sign = raw.get("sign")
-    if sign not in SIGNS or EDGE_TYPES[edge_type] != sign:
-        report.note(f"{where}: sign {sign!r} does not match type {edge_type!r}")
+    if not isinstance(sign, str) or EDGE_TYPES[edge_type] != sign:
+        report.note(f"{where}: sign {_brief(sign)} does not match type {edge_type!r}")
         return None
     unit = raw.get("unit", "")
     unit = unit if isinstance(unit, str) else json.dumps(unit)
-    return Edge(src, dst, sign, edge_type, unit[:MAX_UNIT_CHARS])
+    return Edge(src, dst, sign, edge_type, unit[:MAX_UNIT_CHARS]), src_coerced or dst_coerced
 
 
-def _parse_error(raw: Any, num_actions: int, position: int, report: GraphValidation) -> ErrorMark | None:
+def _parse_error(raw: Any, num_actions: int, position: int, report: GraphValidation) -> tuple[ErrorMark, bool] | None:
     where = f"errors[{position}]"
     if isinstance(raw, int) and not isinstance(raw, bool):  # tolerate a bare index
         raw = {"action": raw, "kind": "error"}
     if not isinstance(raw, dict):
         report.note(f"{where}: not an object")
         return None
-    action = _as_index(raw.get("action"))
+    action, coerced = _as_index(raw.get("action"))
     if action is None or not 0 <= action < num_actions:
         report.note(f"{where}: action index missing or out of range")
         return None
     kind = raw.get("kind", "error")
     evidence = raw.get("evidence", "")
-    return ErrorMark(action, str(kind)[:MAX_UNIT_CHARS], str(evidence)[:MAX_UNIT_CHARS])
+    return ErrorMark(action, _text(kind), _text(evidence)), coerced
+
+
+def _text(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value) if isinstance(value, dict | list) else str(value)
+    return text[:MAX_UNIT_CHARS]
 
 
 def graph_json_schema(num_actions: int | None = None) -> dict[str, Any]:

@@ -1,15 +1,46 @@
-"""JSONL files of DESIGN.md section 8 with errors that name the file, the line and the field."""
+"""JSONL files of DESIGN.md section 8 with errors that name the file, the line and the field.
+
+The reader is strict about what JSON may carry (every problem is an :class:`InputError` whose
+text names ``file:line``): the file must be UTF-8, strings may not hold lone surrogates,
+``NaN``/``Infinity`` tokens and numbers that do not fit a finite float are refused, and values
+may nest at most :data:`MAX_DEPTH` levels deep. The writer replaces a regular file atomically,
+writes through a symlink to its target and writes in place into a device or FIFO (it never
+replaces a special file with a regular one).
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+import math
+import os
+import re
+import secrets
+import stat
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from verl_credit.trajectory import Trajectory, TrajectoryError
 
-__all__ = ["InputError", "count_lines", "iter_jsonl", "load_trajectories", "write_jsonl"]
+__all__ = [
+    "MAX_DEPTH",
+    "InputError",
+    "OutputError",
+    "count_lines",
+    "group_keys",
+    "iter_jsonl",
+    "load_trajectories",
+    "parse_json_line",
+    "read_rollouts",
+    "write_jsonl",
+]
+
+#: deepest nesting of arrays/objects accepted in one line (a transcript needs about 6)
+MAX_DEPTH = 64
+# a decimal integer with more digits cannot be a finite float (float max is about 1.8e308)
+_MAX_INT_DIGITS = 309
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_ESCAPED_BYTE = re.compile("[\udc80-\udcff]")  # an undecodable byte under errors="surrogateescape"
 
 
 class InputError(ValueError):
@@ -21,26 +52,130 @@ class InputError(ValueError):
         self.path, self.line = str(path), line
 
 
-def iter_jsonl(path: str | Path) -> Iterator[tuple[int, Any]]:
-    """Yield ``(line_number, object)`` for every non-blank line (1-based line numbers)."""
+class OutputError(ValueError):
+    """An output file that cannot be written; ``str(error)`` names the file."""
+
+    def __init__(self, path: str | Path, message: str):
+        super().__init__(f"{path}: {message}")
+        self.path = str(path)
+
+
+class _BadValue(ValueError):
+    """Raised by the JSON hooks; caught by :func:`parse_json_line`."""
+
+
+def _parse_constant(token: str) -> Any:
+    raise _BadValue(f"non-finite number {token} is not allowed")
+
+
+def _parse_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _BadValue(f"number {_short(text)} does not fit a finite float")
+    return value
+
+
+def _parse_int(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > _MAX_INT_DIGITS:
+        raise _BadValue(f"integer with {digits} digits does not fit a finite float")
+    value = int(text)
     try:
-        handle = open(path, encoding="utf-8")
+        float(value)
+    except OverflowError:
+        raise _BadValue(f"integer {_short(text)} does not fit a finite float") from None
+    return value
+
+
+def _short(text: str, limit: int = 24) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _json_path(path: list[str | int]) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
+    return out or "<record>"
+
+
+def _check_value(value: Any) -> str | None:
+    """The first problem (depth, lone surrogate) in a parsed value, or ``None``; iterative."""
+    stack: list[tuple[Any, int, list[str | int]]] = [(value, 0, [])]
+    while stack:
+        item, depth, where = stack.pop()
+        if isinstance(item, str):
+            match = _SURROGATE.search(item)
+            if match:
+                return f"field '{_json_path(where)}': lone surrogate \\u{ord(match.group()):04x} in a string"
+        elif isinstance(item, dict | list):
+            if depth >= MAX_DEPTH:
+                return f"field '{_json_path(where)}': nested deeper than {MAX_DEPTH} levels"
+            if isinstance(item, dict):
+                for key, child in item.items():
+                    match = _SURROGATE.search(key)
+                    if match:
+                        return f"field '{_json_path(where)}': lone surrogate \\u{ord(match.group()):04x} in a key"
+                    stack.append((child, depth + 1, [*where, key]))
+            else:
+                stack.extend((child, depth + 1, [*where, i]) for i, child in enumerate(item))
+    return None
+
+
+def parse_json_line(text: str) -> Any:
+    """Parse one JSONL line strictly; raises ``ValueError`` with a one-line reason."""
+    match = _ESCAPED_BYTE.search(text)
+    if match:
+        byte = ord(match.group()) - 0xDC00
+        raise ValueError(f"invalid UTF-8 (byte 0x{byte:02x} at column {match.start() + 1})")
+    try:
+        value = json.loads(text, parse_constant=_parse_constant, parse_float=_parse_float, parse_int=_parse_int)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"bad JSON: {exc.msg} (column {exc.colno})") from None
+    except _BadValue as exc:
+        raise ValueError(f"bad JSON: {exc}") from None
+    except RecursionError:
+        raise ValueError(f"bad JSON: nested deeper than {MAX_DEPTH} levels") from None
+    except ValueError as exc:  # e.g. Python's int-string conversion limit
+        raise ValueError(f"bad JSON: {exc}") from None
+    problem = _check_value(value)
+    if problem is not None:
+        raise ValueError(problem)
+    return value
+
+
+def _open_text(path: str | Path):
+    try:
+        return open(path, encoding="utf-8", errors="surrogateescape")
     except OSError as exc:
         raise InputError(path, None, f"cannot open: {exc.strerror or exc}") from None
+
+
+def iter_jsonl(path: str | Path) -> Iterator[tuple[int, Any]]:
+    """Yield ``(line_number, object)`` for every non-blank line (1-based line numbers)."""
+    handle = _open_text(path)
     with handle:
-        for number, line in enumerate(handle, start=1):
+        number = 0
+        while True:
+            try:
+                line = handle.readline()
+            except OSError as exc:
+                raise InputError(path, number + 1, f"cannot read: {exc.strerror or exc}") from None
+            if not line:
+                return
+            number += 1
             if not line.strip():
                 continue
             try:
-                yield number, json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputError(path, number, f"bad JSON: {exc.msg} (column {exc.colno})") from None
+                value = parse_json_line(line)
+            except ValueError as exc:
+                raise InputError(path, number, str(exc)) from None
+            yield number, value
 
 
 def count_lines(path: str | Path) -> int:
     """Number of non-blank lines (for progress bars)."""
     try:
-        with open(path, encoding="utf-8") as handle:
+        with open(path, encoding="utf-8", errors="surrogateescape") as handle:
             return sum(1 for line in handle if line.strip())
     except OSError:
         return 0
@@ -48,22 +183,118 @@ def count_lines(path: str | Path) -> int:
 
 def load_trajectories(path: str | Path) -> Iterator[tuple[int, Trajectory]]:
     """Yield ``(line_number, trajectory)``; a malformed record raises :class:`InputError`."""
+    for number, _, trajectory in _load_records(path):
+        yield number, trajectory
+
+
+def _load_records(path: str | Path) -> Iterator[tuple[int, Any, Trajectory]]:
     for number, record in iter_jsonl(path):
         try:
-            yield number, Trajectory.from_record(record)
+            trajectory = Trajectory.from_record(record)
         except TrajectoryError as exc:
             raise InputError(path, number, str(exc)) from None
+        except (RecursionError, OverflowError, TypeError, ValueError) as exc:  # safety net: never a traceback
+            raise InputError(path, number, f"unusable record ({type(exc).__name__}: {exc})") from None
+        yield number, record, trajectory
+
+
+def group_keys(records: Iterable[Any]) -> list[str]:
+    """GRPO group ids that keep JSON types apart: ``json.dumps`` of each record's ``uid``
+    (its ``id`` when absent), so ``1`` and ``"1"``, ``null`` and ``"None"`` are different groups."""
+    return [json.dumps(r.get("uid", r.get("id")), sort_keys=True, ensure_ascii=False) for r in records]
+
+
+def read_rollouts(
+    path: str | Path, warn: Callable[[str], Any] | None = None, progress: Callable[[int], Any] | None = None
+) -> tuple[list[Trajectory], list[str], int]:
+    """Every trajectory of a rollouts file, its group key (:func:`group_keys`) and the number
+    of duplicate ids; ``warn`` gets one ``file:line: warning: ...`` line per duplicate id."""
+    trajectories: list[Trajectory] = []
+    records: list[Any] = []
+    first_line: dict[str, int] = {}
+    duplicates = 0
+    for number, record, trajectory in _load_records(path):
+        if trajectory.id in first_line:
+            duplicates += 1
+            if warn is not None:
+                warn(
+                    f"{path}:{number}: warning: duplicate trajectory id {trajectory.id!r} "
+                    f"(first on line {first_line[trajectory.id]})"
+                )
+        else:
+            first_line[trajectory.id] = number
+        trajectories.append(trajectory)
+        records.append(record)
+        if progress is not None:
+            progress(1)
+    return trajectories, group_keys(records), duplicates
 
 
 def write_jsonl(path: str | Path, records: Iterable[dict[str, Any]]) -> int:
-    """Write records atomically enough for a CLI (to ``path.tmp`` then rename); returns the count."""
+    """Write records, one JSON object a line; returns the count.
+
+    A regular file (or a new path) is written to a temporary file next to it and renamed over
+    it; a symlink is written through to its target the same way; a device or FIFO (``/dev/null``,
+    ``/dev/stdout``, a named pipe) is written in place. A record with a non-finite number is
+    refused (:class:`OutputError`): ``NaN``/``Infinity`` are not JSON.
+    """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    temporary = target.with_name(target.name + ".tmp")
+    try:
+        info = os.stat(target)  # follows symlinks
+    except FileNotFoundError:
+        info = None
+    except OSError as exc:
+        raise OutputError(path, f"cannot write: {exc.strerror or exc}") from None
+    if info is not None and stat.S_ISDIR(info.st_mode):
+        raise OutputError(path, "cannot write: is a directory")
+    if info is not None and not stat.S_ISREG(info.st_mode):
+        try:
+            handle = open(target, "w", encoding="utf-8")
+        except OSError as exc:
+            raise OutputError(path, f"cannot write: {exc.strerror or exc}") from None
+        with handle:
+            return _write_records(handle, records, path)
+    real = Path(os.path.realpath(target))  # through any symlink (dangling: the path it names)
+    try:
+        real.parent.mkdir(parents=True, exist_ok=True)
+        temporary, fd = _create_temporary(real)
+    except OSError as exc:
+        raise OutputError(path, f"cannot write: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            if info is not None:
+                os.chmod(temporary, stat.S_IMODE(info.st_mode))
+            count = _write_records(handle, records, path)
+        os.replace(temporary, real)
+    except BaseException as exc:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        if isinstance(exc, OSError):
+            raise OutputError(path, f"cannot write: {exc.strerror or exc}") from None
+        raise
+    return count
+
+
+def _create_temporary(real: Path) -> tuple[Path, int]:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    for _ in range(100):
+        temporary = real.with_name(f".{real.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            return temporary, os.open(temporary, flags, 0o666)  # the umask applies, as for open()
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name next to {real}")
+
+
+def _write_records(handle: Any, records: Iterable[dict[str, Any]], path: str | Path) -> int:
     count = 0
-    with open(temporary, "w", encoding="utf-8") as handle:
-        for record in records:
-            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-            count += 1
-    temporary.replace(target)
+    for record in records:
+        try:
+            text = json.dumps(record, ensure_ascii=False, allow_nan=False)
+        except ValueError as exc:
+            raise OutputError(path, f"record {count + 1}: {exc}") from None
+        handle.write(text + "\n")
+        count += 1
     return count

@@ -16,6 +16,11 @@ Definitions:
   whose scores are all equal, so every advantage of the group is 0 and it gives no gradient
   (a group of one has ``A = R``, verl's rule). Early in training, and on tasks the policy always
   or never solves, this is high; ``algorithm.filter_groups`` (DAPO) drops such groups.
+
+Counters the trainer adds (``verl_credit.verl.trainer.compute_credit_advantages``):
+``nonfinite_rewards`` (sessions whose reward was NaN/inf: treated as 0 and their whole group's
+advantages set to 0, so the step neither crashes nor trains on NaN) and ``nonfinite_advantages``
+(token advantages still non-finite after routing, set to 0; expected 0).
 """
 
 from __future__ import annotations
@@ -35,11 +40,15 @@ from verl_credit.trajectory import Trajectory
 __all__ = [
     "DESIGN_METRICS",
     "INFLUENCE_GRAPH_METRICS",
+    "NONFINITE_METRICS",
     "compute_credit_metrics",
     "count_redundant_tool_calls",
     "weight_spread",
     "zero_variance_group_share",
 ]
+
+#: counters of non-finite input that the trainer neutralized (see the module doc)
+NONFINITE_METRICS: tuple[str, ...] = ("credit/nonfinite_rewards", "credit/nonfinite_advantages")
 
 #: DESIGN.md section 6: the metrics the trainer logs every step
 DESIGN_METRICS: tuple[str, ...] = (

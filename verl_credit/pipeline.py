@@ -10,12 +10,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from verl_credit.annotate.base import AnnotationResult, AnnotationStats, Annotator, build_annotator, graph_from_record
 from verl_credit.call_graph import CallGraph
 from verl_credit.config import CreditConfig
-from verl_credit.routing import BatchCredit, compute_batch_credit
+from verl_credit.routing import BatchCredit, compute_batch_credit, trajectory_scores
 from verl_credit.trajectory import Trajectory
 
 __all__ = ["RoutedBatch", "annotate_trajectories", "build_call_graphs", "route_trajectories"]
@@ -89,6 +87,9 @@ def route_trajectories(
     progress: Callable[[int], Any] | None = None,
 ) -> RoutedBatch:
     """Group-normalize rewards by ``uid`` over the whole list and route credit per ``config``."""
+    # non-finite rewards are refused (naming the trajectory) before any annotation work; huge
+    # finite ones are kept in float64 so their group's advantages stay finite
+    scores = trajectory_scores([t.reward for t in trajectories], names=[t.id for t in trajectories])
     annotations: list[AnnotationResult] | None = None
     call_graphs: list[CallGraph] | None = None
     stats = AnnotationStats()
@@ -100,7 +101,6 @@ def route_trajectories(
             progress(len(trajectories))
     elif progress is not None:
         progress(len(trajectories))
-    scores = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
     credit = compute_batch_credit(
         scores,
         [t.uid for t in trajectories],

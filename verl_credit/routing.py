@@ -22,18 +22,20 @@ import torch
 from verl_credit.call_graph import CallGraph
 from verl_credit.config import CreditConfig
 from verl_credit.credit.call_credit import ROLES, compute_call_scores, compute_call_weights
-from verl_credit.credit.grpo import compute_grpo_trajectory_advantage
+from verl_credit.credit.grpo import WIDE_SCORE, compute_grpo_trajectory_advantage
 from verl_credit.credit.iapo import compute_iapo_weights
 from verl_credit.credit.tokens import scatter_action_values_to_tokens
 from verl_credit.graph import InfluenceGraph
 
 __all__ = [
     "BatchCredit",
+    "check_finite_scores",
     "compute_batch_credit",
     "pad_call_graphs",
     "pad_influence_graphs",
     "pad_lengths",
     "route_token_advantages",
+    "trajectory_scores",
 ]
 
 
@@ -103,6 +105,37 @@ def pad_call_graphs(graphs: Sequence[CallGraph], width: int, omega: dict[str, fl
     return {name: torch.from_numpy(np.ascontiguousarray(value)) for name, value in out.items()}
 
 
+def check_finite_scores(
+    scores: torch.Tensor, index: Sequence[Any] | np.ndarray, names: Sequence[Any] | None = None
+) -> None:
+    """Raise ``ValueError`` naming the first trajectory (position, name if given, group) whose score
+    is NaN or infinite: a non-finite reward would make its whole group's advantages NaN."""
+    bad = torch.nonzero(~torch.isfinite(scores.detach())).flatten()
+    if bad.numel():
+        row = int(bad[0])
+        name = f" {names[row]!r}" if names is not None else ""
+        raise ValueError(
+            f"reward of trajectory {row}{name} (group {index[row]!r}) is {float(scores[row])}: rewards must be "
+            f"finite ({bad.numel()} non-finite of {scores.shape[0]})"
+        )
+
+
+def trajectory_scores(rewards: Sequence[float], names: Sequence[Any] | None = None) -> torch.Tensor:
+    """``(B,)`` score tensor of per-trajectory rewards for :func:`compute_batch_credit`: float32
+    (verl's dtype) when every reward is below ``grpo.WIDE_SCORE`` in magnitude, else float64, so
+    that a finite reward such as ``1e39`` (beyond float32) stays finite. A NaN or infinite reward
+    raises ``ValueError`` naming its position (and ``names[i]`` if given)."""
+    values = torch.tensor([float(r) for r in rewards], dtype=torch.float64)
+    bad = torch.nonzero(~torch.isfinite(values)).flatten()
+    if bad.numel():
+        row = int(bad[0])
+        name = f" {names[row]!r}" if names is not None else ""
+        raise ValueError(f"reward of trajectory {row}{name} is {float(values[row])}: rewards must be finite")
+    if values.numel() and float(values.abs().max()) >= WIDE_SCORE:
+        return values
+    return values.to(torch.float32)
+
+
 def compute_batch_credit(
     scores: torch.Tensor,
     index: Sequence[Any] | np.ndarray,
@@ -110,6 +143,7 @@ def compute_batch_credit(
     config: CreditConfig,
     graphs: Sequence[InfluenceGraph] | None = None,
     call_graphs: Sequence[CallGraph] | None = None,
+    names: Sequence[Any] | None = None,
 ) -> BatchCredit:
     """Trajectory advantage and per-action weights for a batch of B trajectories.
 
@@ -120,10 +154,17 @@ def compute_batch_credit(
         config: which estimator and its parameters.
         graphs: B influence graphs (``iapo``); validated already.
         call_graphs: B call graphs (``call_credit``).
+        names: B trajectory names, only for the message of a non-finite score.
 
     Returns:
         :class:`BatchCredit` (weights in float64; advantages in ``scores``' dtype).
+
+    Raises:
+        ValueError: a score is NaN or infinite (naming the trajectory); finite scores, however
+            large, give finite advantages (``grpo.WIDE_SCORE``).
     """
+    if scores.dim() == 1 and len(index) == scores.shape[0]:
+        check_finite_scores(scores, index, names)
     advantage = compute_grpo_trajectory_advantage(
         scores, index, epsilon=config.epsilon, norm_adv_by_std_in_grpo=config.norm_adv_by_std_in_grpo
     )

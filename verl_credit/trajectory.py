@@ -21,6 +21,7 @@ and therefore no advantage mass.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +38,10 @@ __all__ = [
 ]
 
 VALID_ROLES = ("system", "user", "assistant", "tool")
+#: largest accepted entry of ``action_token_lengths`` (a generation of more tokens is not a rollout)
+MAX_TOKEN_LENGTH = 2**31 - 1
+#: tool-call arguments (a JSON string) nested deeper than this count as invalid arguments
+MAX_ARGUMENT_DEPTH = 64
 
 # A user turn is "elicited" only by assistant text that asks for something specific: a question
 # or a request ("please provide ...", "could you confirm ..."). Generic help offers in greetings
@@ -181,12 +186,15 @@ class Trajectory:
                 last_asking_action = index if asks_user(content) else None
             elif role == "tool":
                 call_id = message.get("tool_call_id")
+                if call_id is not None and not isinstance(call_id, str):
+                    raise TrajectoryError(f"{where}.tool_call_id", f"expected a string, got {type(call_id).__name__}")
+                tool_name = message.get("name")
+                if tool_name is not None and not isinstance(tool_name, str):
+                    raise TrajectoryError(f"{where}.name", f"expected a string, got {type(tool_name).__name__}")
                 source = call_owner.get(call_id) if call_id else None
                 if source is None:
                     source = last_tool_action
-                observations.append(
-                    Observation(message_index, role, content, source, len(actions), call_id, message.get("name"))
-                )
+                observations.append(Observation(message_index, role, content, source, len(actions), call_id, tool_name))
             elif role == "user":
                 observations.append(Observation(message_index, role, content, last_asking_action, len(actions)))
                 last_asking_action = None
@@ -214,13 +222,19 @@ class Trajectory:
         if reward is None:
             raise TrajectoryError("reward", "missing")
         if isinstance(reward, bool) or not isinstance(reward, int | float):
-            raise TrajectoryError("reward", f"expected a number, got {reward!r}")
+            raise TrajectoryError("reward", f"expected a number, got {_brief(reward)}")
+        try:
+            reward = float(reward)
+        except OverflowError:
+            raise TrajectoryError("reward", "number too large for a float") from None
+        if not math.isfinite(reward):
+            raise TrajectoryError("reward", f"expected a finite number, got {reward!r}")
         lengths = record.get("action_token_lengths")
         trajectory = cls.from_messages(
             record["messages"],
             id=record["id"],
             uid=record.get("uid", record["id"]),
-            reward=float(reward),
+            reward=reward,
             action_token_lengths=lengths,
             graph=record.get("graph"),
         )
@@ -277,9 +291,36 @@ def _check_lengths(lengths: Any, num_assistant: int) -> None:
         )
     for position, value in enumerate(lengths):
         if isinstance(value, bool) or not isinstance(value, int):
-            raise TrajectoryError(f"action_token_lengths[{position}]", f"expected an integer, got {value!r}")
+            raise TrajectoryError(f"action_token_lengths[{position}]", f"expected an integer, got {_brief(value)}")
         if value < 0:
-            raise TrajectoryError(f"action_token_lengths[{position}]", f"negative token length {value}")
+            raise TrajectoryError(f"action_token_lengths[{position}]", f"negative token length {_brief(value)}")
+        if value > MAX_TOKEN_LENGTH:
+            raise TrajectoryError(
+                f"action_token_lengths[{position}]", f"token length {_brief(value)} exceeds {MAX_TOKEN_LENGTH}"
+            )
+
+
+def _brief(value: Any, limit: int = 60) -> str:
+    """``repr`` of a bad value, shortened for a one-line message (never a huge number's digits)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**limit:
+        return f"an integer of {len(str(abs(value))) if abs(value) < 10**4000 else 'over 4000'} digits"
+    if isinstance(value, dict | list):
+        return f"a {'JSON object' if isinstance(value, dict) else 'list'}"
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _depth_exceeds(value: Any, limit: int) -> bool:
+    """True when ``value`` nests lists/objects deeper than ``limit`` (iterative, no recursion)."""
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth >= limit:
+                return True
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def _content_text(content: Any, where: str) -> str:
@@ -321,7 +362,11 @@ def _parse_tool_calls(raw: Any, where: str) -> tuple[ToolCall, ...]:
         elif isinstance(raw_arguments, str):
             try:
                 parsed = json.loads(raw_arguments) if raw_arguments.strip() else {}
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
+                parsed, valid = {}, False
+            except ValueError:  # e.g. an integer over Python's int-string conversion limit
+                parsed, valid = {}, False
+            if isinstance(parsed, dict) and _depth_exceeds(parsed, MAX_ARGUMENT_DEPTH):
                 parsed, valid = {}, False
             if isinstance(parsed, dict):
                 arguments = parsed

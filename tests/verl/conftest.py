@@ -96,12 +96,19 @@ def orders_env_cls():
 
 @pytest.fixture(scope="session")
 def ray_tq():
-    """A local Ray (2 CPUs) and a TransferQueue with one storage unit, for the whole session."""
+    """A local Ray (2 CPUs) and a TransferQueue with one storage unit, for the whole session.
+    Ray's session folder lives in a temp dir of the test's own (removed afterwards), not in
+    ``/tmp/ray``."""
+    import shutil
+    import tempfile
+
     import ray
     import transfer_queue as tq
     from omegaconf import OmegaConf
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # short path: Ray puts unix sockets under it (108-byte limit)
+    ray_tmp = tempfile.mkdtemp(prefix="vcray.", dir="/tmp")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=ray_tmp)
     tq.init(
         OmegaConf.create(
             {
@@ -112,6 +119,9 @@ def ray_tq():
             }
         )
     )
-    yield tq
-    tq.close()
-    ray.shutdown()
+    try:
+        yield tq
+    finally:
+        tq.close()
+        ray.shutdown()
+        shutil.rmtree(ray_tmp, ignore_errors=True)

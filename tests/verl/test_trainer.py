@@ -447,3 +447,63 @@ def test_call_credit_rv_reward_is_added_to_rv_calls(stored, ray_tq):
             assert torch.allclose(after[action], before[action] + bonus, atol=1e-6), (sid, action)
     assert metrics["credit/rv_reward_per_session"] == pytest.approx(0.2)
     assert "credit/rv_reward_per_session" not in off
+
+
+def _plain_rows(rewards: list[float], uids: list[str], actions: int = 2, width: int = 3, gap: int = 1):
+    """One merged row per session (no rollout needed): ``actions`` text actions of ``width`` tokens,
+    the reward on the last action's last token."""
+    keys, tags, extras, masks, token_rewards = [], [], [], [], []
+    length = actions * (width + gap)
+    for sid, (uid, reward) in enumerate(zip(uids, rewards, strict=True)):
+        mask = torch.zeros(length, dtype=torch.int64)
+        spans = []
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "hello"}]
+        for action in range(actions):
+            start = action * (width + gap) + gap
+            mask[start : start + width] = 1
+            spans.append([action, start, start + width])
+            messages.append({"role": "assistant", "content": f"answer {action}"})
+            if action + 1 < actions:
+                messages.append({"role": "user", "content": "more"})
+        row_reward = torch.zeros(length)
+        row_reward[spans[-1][2] - 1] = reward
+        keys.append(f"{uid}_{sid}_0")
+        tags.append({})
+        call_graph = CallGraph(("AE",) * actions, (False,) * actions).to_json()
+        extras.append(
+            {"credit": {"spans": spans, "messages": messages, "num_actions": actions, "call_graph": call_graph}}
+        )
+        masks.append(mask)
+        token_rewards.append(row_reward)
+    return keys, tags, list(uids), extras, torch.stack(masks), torch.stack(token_rewards)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_nonfinite_reward_is_counted_and_neutralized(bad: float) -> None:
+    """A NaN/inf reward neither crashes the step nor spreads NaN: its group's advantages are 0,
+    other groups are untouched, and ``credit/nonfinite_rewards`` counts it."""
+    from verl_credit.verl.trainer import compute_credit_advantages
+
+    settings = load_settings(compose_credit_config(["algorithm.adv_estimator=call_credit"]))
+    clean = _plain_rows([1.0, 0.0, 1.0, 0.0], ["a", "a", "b", "b"])
+    poisoned = _plain_rows([1.0, bad, 1.0, 0.0], ["a", "a", "b", "b"])
+    reference = compute_credit_advantages(*clean[:4], clean[4], clean[4], clean[5], settings)
+    step = compute_credit_advantages(*poisoned[:4], poisoned[4], poisoned[4], poisoned[5], settings)
+    assert torch.isfinite(step.advantages).all()
+    assert torch.equal(step.advantages[:2], torch.zeros_like(step.advantages[:2]))  # group a: no baseline
+    assert torch.equal(step.advantages[2:], reference.advantages[2:])  # group b unchanged
+    assert step.advantages[2:].abs().sum() > 0
+    assert step.metrics["credit/nonfinite_rewards"] == 1.0
+    assert reference.metrics["credit/nonfinite_rewards"] == 0.0
+    assert step.metrics["credit/nonfinite_advantages"] == 0.0
+
+
+def test_overflowing_fp32_rewards_give_finite_trainer_advantages() -> None:
+    """3.4e38 fits fp32 but its group sum does not: the group is normalized in float64."""
+    from verl_credit.verl.trainer import compute_credit_advantages
+
+    settings = load_settings(compose_credit_config(["algorithm.adv_estimator=call_credit"]))
+    rows = _plain_rows([3.4e38, 3.4e38, -3.4e38, 0.0], ["a"] * 4)
+    step = compute_credit_advantages(*rows[:4], rows[4], rows[4], rows[5], settings)
+    assert torch.isfinite(step.advantages).all() and step.advantages.abs().sum() > 0
+    assert step.metrics["credit/nonfinite_rewards"] == 0.0

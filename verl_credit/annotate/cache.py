@@ -111,6 +111,17 @@ class CacheEntry:
 class GraphCache:
     """sqlite-backed map ``key -> graph`` with hit/miss counters.
 
+    Faults of the file never raise a raw sqlite error at the caller:
+
+    * a corrupted, truncated or non-database file is moved aside to ``<path>.corrupt-<timestamp>``
+      (with its ``-wal``/``-shm`` files), logged with both names, counted in :attr:`rebuilt`, and
+      an empty cache is built in its place (at open, or when a read or write first meets it);
+    * a ``path`` that is a directory raises ``ValueError`` naming it;
+    * a read-only location (the directory or the file not writable, a read-only mount) is opened
+      read-only: hits are served, writes are skipped (:attr:`read_only`, counted in
+      :attr:`skipped_writes`, logged once). A missing file in an unwritable directory is an empty
+      read-only cache.
+
     Args:
         path: database file (created with its directory if missing).
         busy_timeout_s: how long a writer waits for another process's write lock.
@@ -121,6 +132,11 @@ class GraphCache:
         if synchronous.upper() not in ("NORMAL", "FULL", "EXTRA"):
             raise ValueError(f"cache synchronous must be NORMAL, FULL or EXTRA, got {synchronous!r}")
         self.path = Path(path)
+        if self.path.is_dir():
+            raise ValueError(
+                f"annotation cache path {str(self.path)!r} is a directory; pass a database file path "
+                f"(e.g. {str(self.path / 'graphs.sqlite')!r})"
+            )
         self.busy_timeout_s = busy_timeout_s
         self.synchronous = synchronous.upper()
         self.hits = 0
@@ -130,60 +146,173 @@ class GraphCache:
         """sqlite errors swallowed by :func:`annotate_with_cache` (each also logged)."""
         self.joined = 0
         """Misses answered by an annotation of the same transcript already under way."""
+        self.rebuilt = 0
+        """Corrupted / non-database files moved aside (``<path>.corrupt-<timestamp>``) and rebuilt."""
+        self.read_only = False
+        """The location is not writable: hits are served, writes skipped (:attr:`skipped_writes`)."""
+        self.skipped_writes = 0
+        """Entries not stored because the cache is read-only."""
         self._in_flight: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Future[Any]]] = (
             weakref.WeakKeyDictionary()
         )
         self._lock = threading.Lock()  # the counters and the registry of connections
-        self._local = threading.local()  # this thread's (pid, generation, connection, its lock)
+        self._rebuild_lock = threading.Lock()  # one thread moves a corrupted file aside
+        self._local = threading.local()  # this thread's (pid, generation, connection, its lock, file id)
         # every thread's connection with a lock held while it is in use, so that close() never
         # closes a connection under a statement another thread is running
         self._connections: list[tuple[sqlite3.Connection, threading.Lock]] = []
         self._generation = 0  # bumped by close(): every thread then reopens on its next use
         self._pid = os.getpid()
-        with self._connection():  # fail early (unwritable path, no WAL) in the constructing thread
+        with self._connection():  # fail early (no WAL, bad path) in the constructing thread
             pass
 
     # -- connection --------------------------------------------------------------------------
     @contextlib.contextmanager
-    def _connection(self) -> Iterator[sqlite3.Connection]:
+    def _connection(self) -> Iterator[sqlite3.Connection | None]:
         """This thread's connection (opened on first use, and again after :meth:`close` or a
-        fork), held for the duration of the ``with`` block."""
+        fork), held for the duration of the ``with`` block; ``None`` for a read-only cache whose
+        file does not exist (every lookup a miss)."""
         pid = os.getpid()
         state = getattr(self._local, "state", None)
         if state is None or state[0] != pid or state[1] != self._generation:
-            connection, in_use = self._open(), threading.Lock()
+            connection, file_id = self._open_or_rebuild()
+            in_use = threading.Lock()
             with self._lock:
                 if self._pid != pid:  # forked: the parent's connections are not ours to use or close
                     self._connections, self._pid = [], pid
-                self._connections.append((connection, in_use))
-                state = self._local.state = (pid, self._generation, connection, in_use)
+                if connection is not None:
+                    self._connections.append((connection, in_use))
+                state = self._local.state = (pid, self._generation, connection, in_use, file_id)
         with state[3]:
             yield state[2]
 
-    def _open(self) -> sqlite3.Connection:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+    def _open_or_rebuild(self) -> tuple[sqlite3.Connection | None, tuple[int, int] | None]:
+        """:meth:`_open`; a corrupted file met on opening is moved aside and the cache rebuilt."""
+        file_id = _file_id(self.path)
+        try:
+            return self._open(), file_id
+        except sqlite3.DatabaseError as exc:
+            if self.read_only or not _is_corruption(exc):
+                raise
+            self._move_aside(exc, file_id)
+            return self._open(), _file_id(self.path)
+
+    def _open(self) -> sqlite3.Connection | None:
+        if not self.read_only and not _writable(self.path):
+            self._set_read_only(f"{self.path} is not writable")
+        if self.read_only:
+            return self._open_read_only()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            return self._open_writable()
+        except (PermissionError, sqlite3.OperationalError) as exc:
+            if not _is_read_only_error(exc):
+                raise
+            self._set_read_only(str(exc))
+            return self._open_read_only()
+
+    def _open_writable(self) -> sqlite3.Connection:
         # isolation_level=None: no implicit transactions; every write below opens its own.
         # check_same_thread=False only so that close() may close every thread's connection.
         connection = sqlite3.connect(
             str(self.path), timeout=self.busy_timeout_s, isolation_level=None, check_same_thread=False
         )
-        connection.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
-        deadline = time.monotonic() + self.busy_timeout_s
-        while True:  # switching to WAL needs a moment of exclusivity; another opener may hold it
-            try:
-                mode = connection.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-                connection.execute(f"PRAGMA synchronous = {self.synchronous}")
-                connection.execute(_SCHEMA)
-                break
-            except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) or time.monotonic() > deadline:
-                    connection.close()
-                    raise
-                time.sleep(0.01)
+        try:
+            connection.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
+            deadline = time.monotonic() + self.busy_timeout_s
+            while True:  # switching to WAL needs a moment of exclusivity; another opener may hold it
+                try:
+                    mode = connection.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                    connection.execute(f"PRAGMA synchronous = {self.synchronous}")
+                    connection.execute(_SCHEMA)
+                    break
+                except sqlite3.OperationalError as exc:
+                    if "locked" not in str(exc) or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.01)
+        except BaseException:
+            connection.close()
+            raise
         if str(mode).lower() != "wal":
             connection.close()
             raise RuntimeError(f"{self.path}: sqlite refused WAL mode (journal_mode={mode}); use a local disk")
         return connection
+
+    def _open_read_only(self) -> sqlite3.Connection | None:
+        """A ``mode=ro`` connection (``immutable=1`` where WAL's shared memory cannot be created
+        next to the file), or ``None`` when there is no file to read."""
+        if not self.path.is_file():
+            return None
+        uri = self.path.resolve().as_uri()
+        last: sqlite3.Error | None = None
+        for flags in ("mode=ro", "mode=ro&immutable=1"):
+            connection = sqlite3.connect(
+                f"{uri}?{flags}", uri=True, timeout=self.busy_timeout_s, isolation_level=None, check_same_thread=False
+            )
+            try:
+                connection.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
+                connection.execute("SELECT COUNT(*) FROM graphs WHERE 0").fetchall()
+                return connection
+            except sqlite3.Error as exc:
+                connection.close()
+                last = exc
+                if _is_corruption(exc) or "no such table" in str(exc):
+                    break
+        _LOG.warning("annotation cache %s: read-only and unreadable (%s); every lookup is a miss", self.path, last)
+        return None
+
+    def _set_read_only(self, reason: str) -> None:
+        with self._lock:
+            first, self.read_only = not self.read_only, True
+        if first:
+            _LOG.warning(
+                "annotation cache %s is read-only (%s): serving hits, skipping writes (counted in skipped_writes)",
+                self.path,
+                reason,
+            )
+
+    def _move_aside(self, error: Exception, file_id: tuple[int, int] | None) -> None:
+        """Move the corrupted file (and its WAL/shm) to ``<path>.corrupt-<timestamp>`` unless
+        another thread or process already replaced it (``file_id`` no longer the file's)."""
+        with self._rebuild_lock:
+            if file_id is None or _file_id(self.path) != file_id:
+                return
+            # close every connection to the old file first: sqlite unlinks "<path>-wal" by name
+            # when its last connection closes, which must not hit the rebuilt cache's WAL
+            self.close()
+            stamp = time.strftime("%Y%m%dT%H%M%S")
+            target = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
+            number = 1
+            while target.exists():
+                target = self.path.with_name(f"{self.path.name}.corrupt-{stamp}-{number}")
+                number += 1
+            try:
+                os.replace(self.path, target)
+            except FileNotFoundError:  # another process moved it first
+                return
+            for suffix in ("-wal", "-shm"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.replace(f"{self.path}{suffix}", f"{target}{suffix}")
+            with self._lock:
+                self.rebuilt += 1
+        _LOG.warning(
+            "annotation cache %s is corrupted (%s): moved aside to %s and rebuilt empty", self.path, error, target
+        )
+
+    def _run(self, operation: Callable[[sqlite3.Connection | None], Any]) -> Any:
+        """``operation(connection)``; a corrupted file met here is moved aside and the operation
+        retried once on the rebuilt cache."""
+        try:
+            with self._connection() as connection:
+                return operation(connection)
+        except sqlite3.DatabaseError as exc:
+            if self.read_only or not _is_corruption(exc):
+                raise
+            state = getattr(self._local, "state", None)
+            self._move_aside(exc, state[4] if state is not None else None)
+            self.close()  # every thread reopens, on the rebuilt file
+        with self._connection() as connection:
+            return operation(connection)
 
     def close(self) -> None:
         """Close every thread's connection (waiting for one in use to finish its statement); a
@@ -206,8 +335,13 @@ class GraphCache:
     # -- reads and writes --------------------------------------------------------------------
     def get(self, key: str) -> CacheEntry | None:
         """The entry under ``key`` or ``None``; counts a hit or a miss."""
-        with self._connection() as connection:
-            row = connection.execute("SELECT value, source, uncertain FROM graphs WHERE key = ?", (key,)).fetchone()
+
+        def read(connection: sqlite3.Connection | None) -> Any:
+            if connection is None:
+                return None
+            return connection.execute("SELECT value, source, uncertain FROM graphs WHERE key = ?", (key,)).fetchone()
+
+        row = self._run(read)
         with self._lock:
             if row is None:
                 self.misses += 1
@@ -230,44 +364,68 @@ class GraphCache:
         """Store several entries in ONE transaction: all of them or, after a crash, none.
 
         ``entries`` yields ``(key, graph, source, uncertain, (annotator, model, prompt_version))``.
-        Returns the number written.
+        Returns the number written (0 for a read-only cache: they count in :attr:`skipped_writes`).
         """
-        count = 0
-        with self._connection() as connection:
-            connection.execute("BEGIN IMMEDIATE")
+        rows = [
+            (
+                key,
+                json.dumps(graph, separators=(",", ":"), ensure_ascii=False),
+                source,
+                int(uncertain),
+                annotator,
+                model,
+                version,
+                time.time(),
+            )
+            for key, graph, source, uncertain, (annotator, model, version) in entries
+        ]
+        if not self.read_only:
             try:
-                for key, graph, source, uncertain, (annotator, model, version) in entries:
-                    connection.execute(
-                        "INSERT OR REPLACE INTO graphs (key, value, source, uncertain, annotator, model, "
-                        "prompt_version, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                        (
-                            key,
-                            json.dumps(graph, separators=(",", ":"), ensure_ascii=False),
-                            source,
-                            int(uncertain),
-                            annotator,
-                            model,
-                            version,
-                            time.time(),
-                        ),
-                    )
-                    count += 1
-                connection.execute("COMMIT")
-            except BaseException:
-                if connection.in_transaction:
-                    connection.execute("ROLLBACK")
-                raise
+                count = self._run(lambda connection: self._write(connection, rows))
+            except sqlite3.OperationalError as exc:
+                if not _is_read_only_error(exc):
+                    raise
+                self._set_read_only(str(exc))
+                self.close()  # reopen read-only
+            else:
+                with self._lock:
+                    self.writes += count
+                return count
         with self._lock:
-            self.writes += count
-        return count
+            self.skipped_writes += len(rows)
+        return 0
+
+    @staticmethod
+    def _write(connection: sqlite3.Connection | None, rows: list[tuple[Any, ...]]) -> int:
+        if connection is None:
+            raise sqlite3.OperationalError("attempt to write a readonly database")
+        connection.execute("BEGIN IMMEDIATE")
+        try:
+            connection.executemany(
+                "INSERT OR REPLACE INTO graphs (key, value, source, uncertain, annotator, model, "
+                "prompt_version, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                rows,
+            )
+            connection.execute("COMMIT")
+        except BaseException:
+            if connection.in_transaction:
+                connection.execute("ROLLBACK")
+            raise
+        return len(rows)
 
     def __len__(self) -> int:
-        with self._connection() as connection:
-            return int(connection.execute("SELECT COUNT(*) FROM graphs").fetchone()[0])
+        def count(connection: sqlite3.Connection | None) -> int:
+            return 0 if connection is None else int(connection.execute("SELECT COUNT(*) FROM graphs").fetchone()[0])
+
+        return int(self._run(count))
 
     def keys(self) -> list[str]:
-        with self._connection() as connection:
+        def read(connection: sqlite3.Connection | None) -> list[str]:
+            if connection is None:
+                return []
             return [row[0] for row in connection.execute("SELECT key FROM graphs ORDER BY key")]
+
+        return list(self._run(read))
 
     def in_flight(self) -> dict[str, asyncio.Future[Any]]:
         """Annotations under way on the running event loop, by cache key (see :func:`annotate_with_cache`)."""
@@ -297,8 +455,58 @@ class GraphCache:
             "writes": self.writes,
             "errors": self.errors,
             "joined": self.joined,
+            "rebuilt": self.rebuilt,
+            "read_only": float(self.read_only),
+            "skipped_writes": self.skipped_writes,
             "hit_rate": self.hit_rate,
         }
+
+
+#: sqlite primary result codes (``sqlite3.Error.sqlite_errorcode & 0xFF``)
+_SQLITE_PERM, _SQLITE_READONLY, _SQLITE_CORRUPT, _SQLITE_CANTOPEN, _SQLITE_NOTADB = 3, 8, 11, 14, 26
+
+
+def _error_code(error: BaseException) -> int | None:
+    code = getattr(error, "sqlite_errorcode", None)
+    return None if code is None else int(code) & 0xFF
+
+
+def _is_corruption(error: BaseException) -> bool:
+    """A damaged or foreign file (not a lock, a full disk or a permission problem)."""
+    code = _error_code(error)
+    if code is not None:
+        return code in (_SQLITE_CORRUPT, _SQLITE_NOTADB)
+    text = str(error)
+    return "malformed" in text or "not a database" in text
+
+
+def _is_read_only_error(error: BaseException) -> bool:
+    if isinstance(error, PermissionError):
+        return True
+    code = _error_code(error)
+    if code is not None and code in (_SQLITE_PERM, _SQLITE_READONLY, _SQLITE_CANTOPEN):
+        return True
+    text = str(error).lower()
+    return "readonly" in text or "read-only" in text or "unable to open database" in text
+
+
+def _writable(path: Path) -> bool:
+    """Whether ``path`` can be written (created, for a missing file, in its nearest existing
+    directory). Root passes every permission check; its read-only mounts show up as errors."""
+    if path.exists():
+        return os.access(path, os.W_OK) and os.access(path.parent, os.W_OK | os.X_OK)
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    return parent.is_dir() and os.access(parent, os.W_OK | os.X_OK)
+
+
+def _file_id(path: Path) -> tuple[int, int] | None:
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return stat.st_dev, stat.st_ino
 
 
 def lookup_cached(

@@ -13,7 +13,7 @@ from typing import Any
 from tqdm import tqdm
 
 from verl_credit.annotate.base import AnnotationResult, AnnotationStats, Annotator, build_annotator
-from verl_credit.io import count_lines, load_trajectories, write_jsonl
+from verl_credit.io import count_lines, read_rollouts, write_jsonl
 from verl_credit.pipeline import annotate_trajectories
 
 LLM_ANNOTATORS = ("llm", "hybrid")
@@ -127,10 +127,9 @@ def format_summary(stats: AnnotationStats, results: list[AnnotationResult], anno
 def run(args: argparse.Namespace) -> int:
     total = count_lines(args.input)
     with tqdm(total=total, desc="read", unit="traj", file=sys.stderr, disable=None) as bar:
-        trajectories = []
-        for _, trajectory in load_trajectories(args.input):
-            trajectories.append(trajectory)
-            bar.update(1)
+        trajectories, _, duplicates = read_rollouts(
+            args.input, warn=lambda line: bar.write(line, file=sys.stderr), progress=bar.update
+        )
     if not trajectories:
         raise ValueError(f"{args.input}: no trajectories")
     annotator = build_cli_annotator(args)
@@ -143,4 +142,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {len(results)} graphs to {args.out} (annotator={args.annotator})")
     for line in format_summary(stats, results, annotator):
         print(line)
+    if duplicates:
+        print(f"  duplicate ids   {duplicates}")
+    from verl_credit.cli.route import print_graph_problems
+
+    print_graph_problems(trajectories, results)
     return 0

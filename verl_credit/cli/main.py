@@ -55,6 +55,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # the reader (e.g. `| head`) went away: stop quietly, as Unix tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    except OSError as exc:  # e.g. a full disk or a permission denied while writing
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"verl-credit {args.command}: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

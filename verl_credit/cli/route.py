@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from typing import Any
 
@@ -13,7 +14,7 @@ from verl_credit.config import ESTIMATORS, CallCreditConfig, CreditConfig, IAPOC
 from verl_credit.credit.call_credit import CALL_CREDIT_MODES
 from verl_credit.credit.iapo import NEG_ROUTES
 from verl_credit.credit_records import credit_records
-from verl_credit.io import count_lines, load_trajectories, write_jsonl
+from verl_credit.io import count_lines, read_rollouts, write_jsonl
 from verl_credit.metrics import compute_credit_metrics
 from verl_credit.pipeline import route_trajectories
 
@@ -57,27 +58,49 @@ def run(args: argparse.Namespace) -> int:
     config = build_config(args)
     total = count_lines(args.input)
     with tqdm(total=total, desc="read", unit="traj", file=sys.stderr, disable=None) as bar:
-        trajectories = []
-        for _, trajectory in load_trajectories(args.input):
-            trajectories.append(trajectory)
-            bar.update(1)
+        trajectories, keys, duplicates = read_rollouts(
+            args.input, warn=lambda line: bar.write(line, file=sys.stderr), progress=bar.update
+        )
     if not trajectories:
         raise ValueError(f"{args.input}: no trajectories")
+    # Group by the JSON value of ``uid`` (1 and "1", null and "None" are different groups); the
+    # written records keep the trajectories' own ``uid``.
+    grouped = [dataclasses.replace(t, uid=key) for t, key in zip(trajectories, keys, strict=True)]
     with tqdm(
         total=len(trajectories), desc=f"route:{config.estimator}", unit="traj", file=sys.stderr, disable=None
     ) as bar:
         annotator = build_cli_annotator(args) if config.estimator == "iapo" else "rules"
-        routed = route_trajectories(trajectories, config, annotator, progress=bar.update)
+        routed = route_trajectories(grouped, config, annotator, progress=bar.update)
     records = credit_records(trajectories, routed.credit, routed.annotations, routed.call_graphs)
     write_jsonl(args.out, records)
     metrics = compute_credit_metrics(
         routed.credit,
         routed.stats if routed.annotations is not None else None,
-        trajectories,
+        grouped,
         graphs=[a.graph for a in routed.annotations] if routed.annotations is not None else None,
     )
     print_summary(args.out, config.estimator, len(records), metrics)
+    if routed.annotations is not None:
+        print_graph_problems(trajectories, routed.annotations)
+    if duplicates:
+        print(f"  duplicate ids                      {duplicates}")
     return 0
+
+
+def print_graph_problems(trajectories: list[Any], annotations: list[Any], limit: int = 20) -> None:
+    """One stderr line per repaired or replaced given graph (the first ``limit``), naming its id."""
+    shown = 0
+    for trajectory, annotation in zip(trajectories, annotations, strict=True):
+        validation = annotation.validation
+        if annotation.source != "given" or not (validation.fallback or validation.repaired_edges):
+            continue
+        if shown == limit:
+            print("verl-credit: warning: more graphs were repaired (see repaired_edges)", file=sys.stderr)
+            return
+        shown += 1
+        action = "replaced by the uniform graph" if validation.fallback else f"{validation.repaired_edges} repairs"
+        problems = "; ".join(validation.problems[:3])
+        print(f"verl-credit: warning: graph of {trajectory.id!r}: {action}: {problems}", file=sys.stderr)
 
 
 def print_summary(out: str, estimator: str, count: int, metrics: dict[str, float]) -> None:

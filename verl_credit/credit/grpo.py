@@ -9,6 +9,13 @@ verl loops over rows and reduces each group with ``torch.mean`` / ``torch.std``;
 equal size are reduced together as rows of one matrix, which gives the same bits, and the per-row
 arithmetic is the same elementwise subtract/add/divide, vectorized, so the result is
 bit-identical in fp32 (tests import verl's function and compare, on random float rewards too).
+
+Finite scores always give finite advantages: a group (of two or more) holding a score with
+``|R| >= WIDE_SCORE`` (where an fp32 sum or square can overflow, e.g. four rewards of ``3.4e38``)
+is normalized in float64 on the scores divided by the group's largest ``|R|`` (the same quotient,
+``eps`` divided too), then cast back (Dr.GRPO's ``R - mu`` is clamped to the dtype's range).
+Every other group keeps verl's fp32 arithmetic bit for bit. Non-finite scores are the caller's
+to reject (``routing.compute_batch_credit``) or neutralize (the trainer).
 """
 
 from __future__ import annotations
@@ -19,7 +26,10 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["compute_group_statistics", "compute_grpo_trajectory_advantage"]
+__all__ = ["WIDE_SCORE", "compute_group_statistics", "compute_grpo_trajectory_advantage"]
+
+#: groups with a score this large (in magnitude) are normalized in float64 (see the module doc)
+WIDE_SCORE = 1e18
 
 
 def compute_group_statistics(
@@ -86,5 +96,52 @@ def compute_grpo_trajectory_advantage(
     with torch.no_grad():
         mean, std = compute_group_statistics(scores, index)
         if norm_adv_by_std_in_grpo:
-            return (scores - mean) / (std + epsilon)
-        return scores - mean
+            advantage = (scores - mean) / (std + epsilon)
+        else:
+            advantage = scores - mean
+        wide = _wide_rows(scores, index)
+        if wide is not None:
+            rows, scale, groups = wide
+            advantage[rows] = _wide_advantage(
+                scores[rows], scale, groups, epsilon, norm_adv_by_std_in_grpo, scores.dtype
+            )
+        return advantage
+
+
+def _wide_rows(
+    scores: torch.Tensor, index: Sequence[Any] | np.ndarray
+) -> tuple[torch.Tensor, torch.Tensor, np.ndarray] | None:
+    """Rows of groups (two or more members) with a finite ``|R| >= WIDE_SCORE``, the largest ``|R|``
+    of each such row's group (float64) and its group id; ``None`` when there are none."""
+    magnitude = scores.detach().abs().to(torch.float64).cpu().numpy()
+    if not (magnitude >= WIDE_SCORE).any():
+        return None
+    group_of_row = _group_ids(index)
+    largest = np.zeros(int(group_of_row.max()) + 1)
+    np.maximum.at(largest, group_of_row, magnitude)
+    sizes = np.bincount(group_of_row)
+    wide_group = (largest >= WIDE_SCORE) & np.isfinite(largest) & (sizes > 1)
+    rows = wide_group[group_of_row]
+    if not rows.any():
+        return None
+    members = group_of_row[rows]
+    return torch.from_numpy(np.flatnonzero(rows)), torch.from_numpy(largest[members]), members
+
+
+def _wide_advantage(
+    scores: torch.Tensor,
+    scale: torch.Tensor,
+    groups: np.ndarray,
+    epsilon: float,
+    norm_adv_by_std_in_grpo: bool,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """The advantage of wide groups in float64, on scores scaled into ``[-1, 1]``."""
+    scaled = scores.to(torch.float64) / scale
+    mean, std = compute_group_statistics(scaled, groups)
+    if norm_adv_by_std_in_grpo:
+        advantage = (scaled - mean) / (std + epsilon / scale)
+    else:
+        advantage = (scaled - mean) * scale
+    limit = torch.finfo(dtype).max
+    return advantage.clamp(-limit, limit).to(dtype)

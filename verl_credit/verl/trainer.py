@@ -160,6 +160,7 @@ class SessionInputs:
     payloads: list[Mapping[str, Any]]  # extra_fields["credit"] of each final row
     trajectories: list[Trajectory | None]  # the transcripts (None when a session has none)
     spans_per_row: list[list[tuple[int, int, int]]]  # rows lists of (action, start, end)
+    nonfinite: list[int] = field(default_factory=list)  # sessions whose score was NaN/inf (now 0)
 
 
 @dataclass
@@ -218,6 +219,8 @@ def compute_credit_advantages(
     credit = compute_batch_credit(
         inputs.scores, [s.uid for s in sessions], inputs.lengths, config, found.graphs, found.call_graphs
     )
+    if inputs.nonfinite:
+        neutralize_groups(credit, sessions, inputs.nonfinite)
     extra_metrics: dict[str, float] = {}
     if state is not None:
         infos = [dict((extra_infos[s.final_row] if extra_infos is not None else None) or {}) for s in sessions]
@@ -227,6 +230,13 @@ def compute_credit_advantages(
     routed, rv_total = token_advantages(credit, row_trajectory, inputs.spans_per_row, response_length, settings, found)
     real = torch.tensor([s >= 0 for s in row_session], dtype=torch.bool).unsqueeze(-1)
     advantages = torch.where(real, routed * response_mask, advantages)
+    nonfinite_advantages = ~torch.isfinite(advantages)
+    if bool(nonfinite_advantages.any()):  # a last guard: a step never trains on NaN/inf advantages
+        logger.warning(
+            "credit: %d non-finite token advantages set to 0; counted in credit/nonfinite_advantages",
+            int(nonfinite_advantages.sum()),
+        )
+        advantages = torch.where(nonfinite_advantages, torch.zeros_like(advantages), advantages)
 
     metrics = compute_credit_metrics(
         credit,
@@ -244,6 +254,8 @@ def compute_credit_advantages(
     metrics["credit/missing_transcript"] = float(found.missing_transcript)
     metrics["credit/annotation_timeouts"] = float(sum(_timed_out(p) for p in inputs.payloads))
     metrics["credit/dropped_tool_calls"] = float(sum(_count(p.get("dropped_tool_calls")) for p in inputs.payloads))
+    metrics["credit/nonfinite_rewards"] = float(len(inputs.nonfinite))
+    metrics["credit/nonfinite_advantages"] = float(nonfinite_advantages.sum())
     metrics["credit/sessions"] = float(len(sessions))
     metrics["credit/rows_per_session"] = float(sum(len(s.rows) for s in sessions)) / len(sessions)
     return CreditStep(advantages, credit, sessions, metrics, config)
@@ -585,6 +597,7 @@ def read_sessions(
     """Scores (final outputs only: verl's multi-output GRPO rule), exact spans, L_i and transcripts."""
     final_rows = torch.tensor([s.final_row for s in sessions], dtype=torch.long)
     scores = token_level_rewards[final_rows].sum(dim=-1)
+    scores, nonfinite = neutralize_rewards(scores, sessions)
     spans_per_row: list[list[tuple[int, int, int]]] = [[] for _ in range(rollout_mask.shape[0])]
     lengths, payloads, trajectories = [], [], []
     for number, session in enumerate(sessions):
@@ -598,7 +611,39 @@ def read_sessions(
         lengths.append(session_len)
         payloads.append(payload)
         trajectories.append(_trajectory(session, payload, float(scores[number]), session_len))
-    return SessionInputs(scores, lengths, payloads, trajectories, spans_per_row)
+    return SessionInputs(scores, lengths, payloads, trajectories, spans_per_row, nonfinite)
+
+
+def neutralize_rewards(scores: torch.Tensor, sessions: Sequence[Session]) -> tuple[torch.Tensor, list[int]]:
+    """Scores with every NaN/inf one (a broken reward function, or an fp32 sum that overflowed)
+    replaced by 0, and the numbers of those sessions (logged; :func:`neutralize_groups` then
+    zeroes their groups' advantages, ``credit/nonfinite_rewards`` counts them)."""
+    finite = torch.isfinite(scores)
+    if bool(finite.all()):
+        return scores, []
+    nonfinite = torch.nonzero(~finite).flatten().tolist()
+    for number in nonfinite:
+        logger.warning(
+            "credit: session %s (uid %s) has a non-finite reward (%s); its group's advantages are set to 0 "
+            "(counted in credit/nonfinite_rewards)",
+            sessions[number].key,
+            sessions[number].uid,
+            float(scores[number]),
+        )
+    return torch.where(finite, scores, torch.zeros_like(scores)), nonfinite
+
+
+def neutralize_groups(credit: BatchCredit, sessions: Sequence[Session], nonfinite: Sequence[int]) -> None:
+    """Zero the trajectory and action advantages of every session sharing a uid with a session of
+    ``nonfinite``: without that reward the group has no baseline, so it gives no gradient."""
+    poisoned = {sessions[number].uid for number in nonfinite}
+    rows = torch.tensor([s.uid in poisoned for s in sessions], dtype=torch.bool)
+    credit.trajectory_advantage = torch.where(
+        rows, torch.zeros_like(credit.trajectory_advantage), credit.trajectory_advantage
+    )
+    credit.action_advantage = torch.where(
+        rows.unsqueeze(-1), torch.zeros_like(credit.action_advantage), credit.action_advantage
+    )
 
 
 def session_graphs(

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from verl_credit.envs.base import Environment, EpisodeStart, ToolResult, UserTurn, register_environment
+from verl_credit.envs.coding.jail import fallback_count
 from verl_credit.envs.coding.replay import replay_trajectory
 from verl_credit.envs.coding.sandbox import CodingSandbox, SandboxLimits
 from verl_credit.envs.coding.task_spec import CodingTask, load_task
@@ -65,7 +66,12 @@ class CodingEnvironment(Environment):
             system_prompt=SYSTEM_PROMPT,
             tools=TOOL_SCHEMAS,
             first_user_message=self.task.statement,
-            info={"task": self.task.name, "jail": self.sandbox.jail_mode, "domain": "coding"},
+            info={
+                "task": self.task.name,
+                "jail": self.sandbox.jail_mode,
+                "jail_fallbacks": fallback_count(),  # process-wide count of auto -> fallback (alert if > 0)
+                "domain": "coding",
+            },
         )
 
     async def call_tool(self, name: str, arguments: Mapping[str, Any]) -> ToolResult:

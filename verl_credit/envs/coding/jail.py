@@ -17,7 +17,12 @@ every :class:`JailResult`):
   (``setpriv``), so it cannot undo the read-only remounts or mount anything.
 * **limits**: wall time (the whole process group is SIGKILLed at the deadline), captured output
   (head and tail kept, the middle dropped and counted), file size (``ulimit -f``), address space
-  (``ulimit -v``).
+  (``ulimit -v``), process count (a per-run pids cgroup with ``pids.max``, both modes, where
+  :func:`pids_cgroup_root` finds a writable pids cgroup; otherwise none -- ``ulimit -u`` does not
+  bind host root).
+* **not done**: the command runs as host root mapped to root in its user namespace, so files that
+  only root may read (``/etc/shadow``, ``/root``) stay readable; it cannot change them (read-only
+  mounts, no capabilities).
 
   Setup fails closed: if any mount cannot be made read-only the command is not run.
 
@@ -34,7 +39,9 @@ training sandbox for a policy that was never meant to attack it.
 
 from __future__ import annotations
 
+import fcntl
 import functools
+import logging
 import os
 import selectors
 import shlex
@@ -44,21 +51,26 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
+    "FALLBACK_COUNT",
     "JAIL_MODES",
     "JailResult",
     "JailSetupError",
     "check_command_paths",
+    "fallback_count",
     "namespace_jail_available",
+    "pids_cgroup_root",
     "resolve_jail_mode",
     "run_jailed",
     "scrubbed_environment",
 ]
 
+_LOG = logging.getLogger(__name__)
 JAIL_MODES = ("auto", "namespace", "fallback")
 _SETUP_FAILED = "verl-credit-jail: setup failed:"
 
@@ -134,6 +146,8 @@ class JailResult:
     seconds: float
     mode: str
     rejected: str | None = None  # why the fallback pre-check refused to run the command
+    channel: bytes | None = None  # what the command wrote to ``$VC_CHANNEL_OUT`` (``channel_input`` runs)
+    channel_overflow: bool = False  # the command wrote more than ``max_channel_bytes`` there
 
     @property
     def ok(self) -> bool:
@@ -217,14 +231,45 @@ def namespace_jail_available() -> bool:
     return completed.returncode == 0 and wrote_inside and not escaped
 
 
+_NAMESPACE_HELP = (
+    "user namespaces are not usable here (unshare --user/--mount/--pid/--net or setpriv failed). In Docker, "
+    "run the container with `--security-opt seccomp=unconfined --security-opt apparmor=unconfined` (or "
+    "`--privileged`), and on the host check `sysctl user.max_user_namespaces` (> 0), "
+    "`kernel.unprivileged_userns_clone=1` and `kernel.apparmor_restrict_unprivileged_userns=0`"
+)
+_FALLBACK_WARNED = False
+FALLBACK_COUNT = 0
+"""How many times ``jail='auto'`` resolved to the non-boundary ``fallback`` mode in this process
+(one per sandbox); a trainer should export it as a metric and alert when it is not zero."""
+
+
+def fallback_count() -> int:
+    """:data:`FALLBACK_COUNT` (how often ``auto`` fell back to the non-boundary mode in this process)."""
+    return FALLBACK_COUNT
+
+
 def resolve_jail_mode(mode: str) -> str:
-    """``auto`` -> ``namespace`` when available, else ``fallback``; ``namespace`` must be available."""
+    """``auto`` -> ``namespace`` when available, else ``fallback`` (warned once, counted);
+    ``namespace`` must be available (fail closed: :class:`JailSetupError` naming the fix)."""
+    global FALLBACK_COUNT, _FALLBACK_WARNED
     if mode not in JAIL_MODES:
         raise ValueError(f"jail mode must be one of {JAIL_MODES}, got {mode!r}")
     if mode == "auto":
-        return "namespace" if namespace_jail_available() else "fallback"
+        if namespace_jail_available():
+            return "namespace"
+        FALLBACK_COUNT += 1
+        if not _FALLBACK_WARNED:
+            _FALLBACK_WARNED = True
+            _LOG.warning(
+                "coding sandbox: jail='auto' fell back to the 'fallback' mode, which is NOT a security "
+                "boundary (agent commands can write anywhere this user can, use the network, read host "
+                "files); %s. Use jail='namespace' to fail closed instead. Fallbacks are counted in "
+                "verl_credit.envs.coding.jail.FALLBACK_COUNT.",
+                _NAMESPACE_HELP,
+            )
+        return "fallback"
     if mode == "namespace" and not namespace_jail_available():
-        raise JailSetupError("jail mode 'namespace' requested but unshare/setpriv namespaces are not usable here")
+        raise JailSetupError(f"jail mode 'namespace' requested but {_NAMESPACE_HELP}")
     return mode
 
 
@@ -266,6 +311,9 @@ def run_jailed(
     hide_paths: Sequence[Path] = (),
     fallback_tmpdir: Path | None = None,
     env_extra: Mapping[str, str] | None = None,
+    channel_input: bytes | None = None,
+    max_channel_bytes: int = 4 * 1024 * 1024,
+    max_processes: int = 256,
 ) -> JailResult:
     """Run ``bash -c command`` with cwd ``root`` inside the jail (see the module docstring).
 
@@ -280,6 +328,16 @@ def run_jailed(
         hide_paths: directories made invisible (namespace mode only).
         fallback_tmpdir: ``TMPDIR`` in fallback mode (default: ``root``).
         env_extra: extra environment variables.
+        channel_input: when given, the command gets two extra pipes held by this process: it reads
+            ``channel_input`` from the fd named by ``$VC_CHANNEL_IN`` and what it writes to the fd
+            named by ``$VC_CHANNEL_OUT`` comes back as :attr:`JailResult.channel`. No file is
+            involved, so nothing the command leaves behind (an ``atexit`` hook, a background
+            process) can rewrite what was already sent -- it can only append.
+        max_channel_bytes: channel bytes kept; more sets :attr:`JailResult.channel_overflow`.
+        max_processes: tasks (processes + threads) the command may have at once, enforced with a
+            pids cgroup per run when :func:`pids_cgroup_root` finds one (``ulimit -u`` does not
+            bind root, and the jail's processes are host root); a fork bomb then fails with
+            ``EAGAIN`` instead of filling the machine until the deadline.
 
     Raises:
         JailSetupError: the namespace jail could not be set up (nothing was run).
@@ -313,10 +371,130 @@ def run_jailed(
             return JailResult(None, f"command rejected by the sandbox: {reason}", False, 0, 0.0, resolved_mode, reason)
         argv = ["bash", "-c", _FALLBACK_SCRIPT, "jail", str(real_root), command, fsize_kib, vmem_kib]
         env = scrubbed_environment(real_root, fallback_tmpdir or real_root, env_extra)
-    exit_code, output, timed_out, dropped, seconds = _run_with_limits(argv, env, real_root, timeout_s, max_output_bytes)
+    cgroup = _new_pids_cgroup(max_processes)
+    if cgroup is not None:
+        argv = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', cgroup, *argv]
+    try:
+        return _run_argv(
+            argv, env, real_root, timeout_s, max_output_bytes, resolved_mode, channel_input, max_channel_bytes
+        )
+    finally:
+        if cgroup is not None:
+            _remove_cgroup(cgroup)
+
+
+def _run_argv(
+    argv: list[str],
+    env: dict[str, str],
+    real_root: Path,
+    timeout_s: float,
+    max_output_bytes: int,
+    resolved_mode: str,
+    channel_input: bytes | None,
+    max_channel_bytes: int,
+) -> JailResult:
+    if channel_input is None:
+        exit_code, output, timed_out, dropped, seconds, _ = _run_with_limits(
+            argv, env, real_root, timeout_s, max_output_bytes
+        )
+        channel: bytes | None = None
+        overflow = False
+    else:
+        if len(channel_input) > 60_000:  # one pipe buffer: written before the child starts
+            raise ValueError("channel_input must be at most 60000 bytes")
+        child_in, parent_out = _high_pipe()
+        parent_in, child_out = _high_pipe()
+        child_fds_owned = True
+        try:
+            os.write(parent_out, channel_input)
+            os.close(parent_out)
+            parent_out = -1
+            child_fds_owned = False  # _run_with_limits closes them once the child has started
+            env = {**env, "VC_CHANNEL_IN": str(child_in), "VC_CHANNEL_OUT": str(child_out)}
+            exit_code, output, timed_out, dropped, seconds, extra = _run_with_limits(
+                argv,
+                env,
+                real_root,
+                timeout_s,
+                max_output_bytes,
+                pass_fds=(child_in, child_out),
+                channel_fd=parent_in,
+                max_channel_bytes=max_channel_bytes,
+                close_after_start=(child_in, child_out),
+            )
+            channel, overflow = extra
+        finally:
+            for fd in (parent_in, parent_out, *((child_in, child_out) if child_fds_owned else ())):
+                if fd >= 0:
+                    os.close(fd)
     if resolved_mode == "namespace" and exit_code == 125 and _SETUP_FAILED in output:
         raise JailSetupError(output.strip().splitlines()[-1])
-    return JailResult(exit_code, output, timed_out, dropped, seconds, resolved_mode)
+    return JailResult(exit_code, output, timed_out, dropped, seconds, resolved_mode, None, channel, overflow)
+
+
+@functools.lru_cache(maxsize=1)
+def pids_cgroup_root() -> str | None:
+    """A cgroup directory (v1 ``pids`` or v2 with the pids controller) where per-run children with a
+    ``pids.max`` can be made, or None (then :func:`run_jailed` has no process-count limit)."""
+    for base in ("/sys/fs/cgroup/pids", "/sys/fs/cgroup"):
+        probe = os.path.join(base, f"vc-jail-probe-{os.getpid()}")
+        try:
+            os.mkdir(probe)
+        except OSError:
+            continue
+        try:
+            if os.path.exists(os.path.join(probe, "pids.max")):
+                return base
+        finally:
+            os.rmdir(probe)
+    return None
+
+
+def _new_pids_cgroup(max_processes: int) -> str | None:
+    base = pids_cgroup_root()
+    if base is None:
+        return None
+    path = os.path.join(base, f"vc-jail-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+    try:
+        os.mkdir(path)
+        with open(os.path.join(path, "pids.max"), "w") as handle:
+            handle.write(str(max(1, max_processes)))
+    except OSError:
+        _remove_cgroup(path)
+        return None
+    return path
+
+
+def _remove_cgroup(path: str) -> None:
+    """Kill what is left in the run's cgroup (fallback-mode escapees) and remove it."""
+    for _ in range(20):
+        try:
+            with open(os.path.join(path, "cgroup.procs")) as handle:
+                pids = [int(line) for line in handle if line.strip()]
+        except OSError:
+            pids = []
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        try:
+            os.rmdir(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.05)
+
+
+def _high_pipe() -> tuple[int, int]:
+    """A close-on-exec pipe whose fds are >= 100 (the jail scripts use fds 3..99 for themselves)."""
+    low = os.pipe()
+    try:
+        return fcntl.fcntl(low[0], fcntl.F_DUPFD_CLOEXEC, 100), fcntl.fcntl(low[1], fcntl.F_DUPFD_CLOEXEC, 100)
+    finally:
+        os.close(low[0])
+        os.close(low[1])
 
 
 def _is_within(parent: Path, child: Path) -> bool:
@@ -325,35 +503,56 @@ def _is_within(parent: Path, child: Path) -> bool:
 
 
 def _run_with_limits(
-    argv: list[str], env: dict[str, str], cwd: Path, timeout_s: float, max_output_bytes: int
-) -> tuple[int | None, str, bool, int, float]:
+    argv: list[str],
+    env: dict[str, str],
+    cwd: Path,
+    timeout_s: float,
+    max_output_bytes: int,
+    *,
+    pass_fds: Sequence[int] = (),
+    channel_fd: int | None = None,
+    max_channel_bytes: int = 0,
+    close_after_start: Sequence[int] = (),
+) -> tuple[int | None, str, bool, int, float, tuple[bytes | None, bool]]:
     """Run ``argv`` in its own session; read merged output under a byte budget; kill at the deadline.
 
-    Returns ``(exit_code or None if killed, output text, timed_out, dropped bytes, seconds)``.
+    Returns ``(exit_code or None if killed, output text, timed_out, dropped bytes, seconds,
+    (channel bytes or None, channel overflow))``.
     """
     head_budget = max_output_bytes // 2
     tail_budget = max_output_bytes - head_budget
     head = bytearray()
     tail = bytearray()
+    channel = bytearray()
+    overflow = False
     dropped = 0
     start = time.monotonic()
     deadline = start + timeout_s
-    process = subprocess.Popen(
-        argv,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env=env,
-        cwd=cwd,
-        start_new_session=True,
-    )
+    try:
+        process = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+            pass_fds=tuple(pass_fds),
+        )
+    finally:
+        for fd in close_after_start:  # the child's ends: only the child may hold them now
+            os.close(fd)
     assert process.stdout is not None
+    stdout_fd = process.stdout.fileno()
     selector = selectors.DefaultSelector()
-    selector.register(process.stdout, selectors.EVENT_READ)
+    selector.register(stdout_fd, selectors.EVENT_READ)
+    if channel_fd is not None:
+        selector.register(channel_fd, selectors.EVENT_READ)
+    open_fds = 1 + (channel_fd is not None)
     timed_out = False
     exited_at: float | None = None
     try:
-        while True:
+        while open_fds:
             now = time.monotonic()
             if now >= deadline:
                 timed_out = process.poll() is None
@@ -361,21 +560,28 @@ def _run_with_limits(
             if exited_at is None and process.poll() is not None:
                 exited_at = now
             if exited_at is not None and now - exited_at > 0.5:
-                break  # the shell is gone but something still holds the pipe (fallback background job)
+                break  # the shell is gone but something still holds a pipe (fallback background job)
             events = selector.select(timeout=min(0.1, deadline - now))
-            if not events:
-                continue
-            chunk = os.read(process.stdout.fileno(), 65536)
-            if not chunk:
-                break
-            take = min(len(chunk), head_budget - len(head))
-            head += chunk[:take]
-            rest = chunk[take:]
-            if rest:
-                tail += rest
-                if len(tail) > tail_budget:
-                    dropped += len(tail) - tail_budget
-                    del tail[: len(tail) - tail_budget]
+            for key, _ in events:
+                fd = key.fd
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    selector.unregister(fd)
+                    open_fds -= 1
+                    continue
+                if fd == channel_fd:
+                    room = max_channel_bytes - len(channel)
+                    channel += chunk[:room]
+                    overflow = overflow or len(chunk) > room
+                    continue
+                take = min(len(chunk), head_budget - len(head))
+                head += chunk[:take]
+                rest = chunk[take:]
+                if rest:
+                    tail += rest
+                    if len(tail) > tail_budget:
+                        dropped += len(tail) - tail_budget
+                        del tail[: len(tail) - tail_budget]
     finally:
         selector.close()
         _kill_group(process)
@@ -387,7 +593,7 @@ def _run_with_limits(
         text += f"\n[... {dropped} bytes of output omitted ...]\n"
     text += tail.decode("utf-8", errors="replace")
     exit_code = None if timed_out else process.returncode
-    return exit_code, text, timed_out, dropped, seconds
+    return exit_code, text, timed_out, dropped, seconds, (bytes(channel) if channel_fd is not None else None, overflow)
 
 
 def _kill_group(process: subprocess.Popen) -> None:

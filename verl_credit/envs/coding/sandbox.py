@@ -8,24 +8,33 @@ Directory layout of one sandbox (``tempfile.mkdtemp``)::
     <tmp>/eval   rebuilt for every reward: the agent's sources + the task's original tests and
                  pytest config + the hidden tests
 
-Reward: the agent's tree is copied without ``tests/``, ``conftest.py`` files and pytest config
-files (those come from the task, so editing tests or adding a ``conftest.py`` earns nothing), the
-hidden tests are added under ``tests/``, and pytest runs in the jail. ``binary`` reward is 1.0 iff
-every hidden test passes (a collection error counts as a failure); ``fraction`` is the share of
-hidden tests that pass.
+Reward: the agent's tree is copied (regular files only) without ``tests/``, ``conftest.py`` files
+and pytest config files (those come from the task, so editing tests or adding a ``conftest.py``
+earns nothing), the hidden tests are added under ``tests/``, and pytest runs in the jail. The
+verdict comes back over a pipe held by the trainer (:mod:`.reward_channel`), not from a report
+file the code under test could rewrite; a channel that shows tampering scores zero and is recorded
+in :attr:`TestReport.integrity`. ``binary`` reward is 1.0 iff every hidden test passes (a
+collection error counts as a failure); ``fraction`` is the share of hidden tests that pass.
+
+File tools, ``snapshot``/``restore`` and the reward only open *regular* files (``O_NONBLOCK``,
+``O_NOFOLLOW``, then ``fstat``): FIFOs, sockets and devices planted with ``bash`` are skipped, never
+opened, so they cannot block the trainer. ``search`` runs its regular expression in a child process
+killed after ``SandboxLimits.tool_timeout_s`` (a catastrophic pattern cannot hang the trainer).
 """
 
 from __future__ import annotations
 
 import difflib
+import errno
 import hashlib
+import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
-import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +43,7 @@ from typing import Any
 from verl_credit.envs.base import ToolResult
 from verl_credit.envs.coding.jail import JailResult, resolve_jail_mode, run_jailed, scrubbed_environment
 from verl_credit.envs.coding.paths import SandboxPathError, display_path, resolve_sandbox_path
+from verl_credit.envs.coding.reward_channel import RUNNER_SOURCE, new_nonce, parse_channel
 from verl_credit.envs.coding.task_spec import TASKS_DIR, CodingTask, load_task
 from verl_credit.envs.coding.tools import ToolArgumentError, check_arguments
 
@@ -42,7 +52,8 @@ __all__ = ["REWARD_MODES", "CodingSandbox", "SandboxLimits", "SandboxState", "Te
 REWARD_MODES = ("binary", "fraction")
 _SKIP_DIRS = {".git", "__pycache__", ".pytest_cache"}
 _PROTECTED_TOP = {"tests", "pytest.ini", "pyproject.toml", "setup.cfg", "tox.ini"}
-_REPORT_FILE = ".vc-junit.xml"
+_SEARCH_FILE_BYTES = 4 * 1024 * 1024  # larger files are searched in their first 4 MiB only
+_SEARCH_LINE_CHARS = 1000  # a matching line is shown up to this many characters
 # Host pytest plugins (hypothesis, asyncio, ...) stay out of task test runs: hermetic and ~5x faster.
 _JAIL_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
 _GIT_ENV = {
@@ -71,12 +82,26 @@ class SandboxLimits:
     """Matching lines printed by ``search``."""
     max_diff_chars: int = 8_000
     """Unified diff shown in an edit/write result."""
+    tool_timeout_s: float = 10.0
+    """Wall-clock limit of ``search`` (its regular expression runs in a child process)."""
+    max_processes: int = 256
+    """Processes + threads a jailed command may have at once (pids cgroup, where available)."""
+    max_workspace_bytes: int = 256 * 1024 * 1024
+    """Disk the sandbox directory may use; after a ``bash``/``run_tests`` call that leaves more, the
+    largest files are deleted until it fits (``ulimit -f`` caps each file at 64 MiB meanwhile)."""
 
     def __post_init__(self) -> None:
-        for name in ("bash_timeout_s", "test_timeout_s"):
+        for name in ("bash_timeout_s", "test_timeout_s", "tool_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"SandboxLimits.{name} must be > 0, got {getattr(self, name)}")
-        for name in ("max_output_bytes", "max_read_bytes", "max_search_matches", "max_diff_chars"):
+        for name in (
+            "max_output_bytes",
+            "max_read_bytes",
+            "max_search_matches",
+            "max_diff_chars",
+            "max_processes",
+            "max_workspace_bytes",
+        ):
             if not getattr(self, name) >= 1:
                 raise ValueError(f"SandboxLimits.{name} must be >= 1, got {getattr(self, name)}")
 
@@ -90,6 +115,8 @@ class TestReport:
     visible_passed: int
     visible_total: int
     output: str = ""
+    integrity: str | None = None
+    """Why the run's verdict was not trusted (tampering, a cut-short run); None when it was."""
 
     @property
     def hidden_all_pass(self) -> bool:
@@ -188,9 +215,13 @@ class CodingSandbox:
         rel = display_path(self.root, target)
         if target.is_dir():
             return ToolResult(f"Error: {rel} is a directory; use list_dir", is_error=True)
-        if not target.is_file():
+        try:
+            data = _read_regular(target, self.limits.max_read_bytes + 1)
+        except _NotRegular:
+            return ToolResult(f"Error: {rel} is not a regular file", is_error=True)
+        except OSError:
             return ToolResult(f"Error: no such file: {rel}", is_error=True)
-        text = target.read_bytes()[: self.limits.max_read_bytes + 1].decode("utf-8", errors="replace")
+        text = data.decode("utf-8", errors="replace")
         truncated = len(text) > self.limits.max_read_bytes
         text = text[: self.limits.max_read_bytes]
         if start_line is not None or end_line is not None:
@@ -205,24 +236,42 @@ class CodingSandbox:
 
     def _tool_search(self, pattern: str, path: str = ".") -> ToolResult:
         try:
-            regex = re.compile(pattern)
+            re.compile(pattern)
         except re.error as exc:
             return ToolResult(f"Error: invalid regular expression {pattern!r}: {exc}", is_error=True)
         base = resolve_sandbox_path(self.root, path)
         if not base.exists():
             return ToolResult(f"Error: no such file or directory: {path}", is_error=True)
-        matches: list[str] = []
-        total = 0
-        for file in self._walk_files(base):
-            try:
-                text = file.read_text(encoding="utf-8")
-            except (UnicodeDecodeError, OSError):
-                continue
-            for number, line in enumerate(text.splitlines(), start=1):
-                if regex.search(line):
-                    total += 1
-                    if len(matches) < self.limits.max_search_matches:
-                        matches.append(f"{display_path(self.root, file)}:{number}:{line}")
+        files = self._walk_files(base)
+        request = {
+            "pattern": pattern,
+            "files": [str(f) for f in files],
+            "max_matches": self.limits.max_search_matches,
+            "max_bytes": _SEARCH_FILE_BYTES,
+            "max_line": _SEARCH_LINE_CHARS,
+        }
+        try:
+            completed = subprocess.run(
+                [sys.executable, "-I", "-S", "-c", _SEARCH_SOURCE],
+                input=json.dumps(request).encode(),
+                capture_output=True,
+                timeout=self.limits.tool_timeout_s,
+                env={"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"},
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            limit = self.limits.tool_timeout_s
+            return ToolResult(
+                f"Error: search timed out after {limit:g} s (killed); simplify the regular expression", is_error=True
+            )
+        try:
+            found = json.loads(completed.stdout)
+        except ValueError:
+            return ToolResult(
+                f"Error: search failed: {completed.stderr.decode(errors='replace')[-500:]}", is_error=True
+            )
+        matches = [f"{display_path(self.root, Path(files[i]))}:{number}:{line}" for i, number, line in found["matches"]]
+        total = found["total"]
         if not matches:
             return ToolResult(f"No matches for {pattern!r}.")
         if total > len(matches):
@@ -254,7 +303,12 @@ class CodingSandbox:
             return ToolResult("Error: `old` must not be empty", is_error=True)
         if old == new:
             return ToolResult("Error: `old` and `new` are identical; nothing to change", is_error=True)
-        before = target.read_text(encoding="utf-8")
+        try:
+            before = _read_regular(target).decode("utf-8")
+        except _NotRegular:
+            return ToolResult(f"Error: {rel} is not a regular file", is_error=True)
+        except UnicodeDecodeError:
+            return ToolResult(f"Error: {rel} is not UTF-8 text", is_error=True)
         count = before.count(old)
         if count == 0:
             return ToolResult(f"Error: `old` text not found in {rel}", is_error=True)
@@ -264,7 +318,7 @@ class CodingSandbox:
                 is_error=True,
             )
         after = before.replace(old, new) if replace_all else before.replace(old, new, 1)
-        target.write_text(after, encoding="utf-8")
+        _write_regular(target, after.encode("utf-8"))
         replaced = count if replace_all else 1
         plural = "s" if replaced > 1 else ""
         return ToolResult(f"Edited {rel} ({replaced} replacement{plural}).\n{self._diff(rel, before, after)}")
@@ -274,14 +328,19 @@ class CodingSandbox:
         rel = display_path(self.root, target)
         if target.is_dir():
             return ToolResult(f"Error: {rel} is a directory", is_error=True)
+        if target.exists() and not target.is_file():
+            return ToolResult(f"Error: {rel} is not a regular file", is_error=True)
         existed = target.is_file()
         if existed:
             refusal = self._check_known(rel)
             if refusal:
                 return refusal
-        before = target.read_text(encoding="utf-8", errors="replace") if existed else ""
-        target.parent.mkdir(parents=True, exist_ok=True)  # ``target`` is already real and inside the root
-        target.write_text(content, encoding="utf-8")
+        try:
+            before = _read_regular(target).decode("utf-8", errors="replace") if existed else ""
+            target.parent.mkdir(parents=True, exist_ok=True)  # ``target`` is already real and inside the root
+            _write_regular(target, content.encode("utf-8"))
+        except _NotRegular:
+            return ToolResult(f"Error: {rel} is not a regular file", is_error=True)
         self._known_paths.add(rel)
         verb = "Modified" if existed else "Created"
         return ToolResult(f"{verb} {rel} ({len(content)} characters).\n{self._diff(rel, before, content, existed)}")
@@ -297,10 +356,11 @@ class CodingSandbox:
             selection = " " + _quote(display_path(self.root, target))
         command = f"{_quote(sys.executable)} -I -B -m pytest -q --tb=short -p no:cacheprovider{selection}"
         result = self._run(command, self.root, self.limits.test_timeout_s)
+        quota = self._enforce_quota()
         if result.timed_out:
             limit = self.limits.test_timeout_s
-            return ToolResult(f"Tests timed out after {limit:g} s.\n{result.output}", is_error=True)
-        return ToolResult(f"pytest exit code {result.exit_code}\n{result.output}")
+            return ToolResult(f"Tests timed out after {limit:g} s.\n{result.output}{quota}", is_error=True)
+        return ToolResult(f"pytest exit code {result.exit_code}\n{result.output}{quota}", is_error=bool(quota))
 
     def _tool_bash(self, command: str, timeout: float | None = None) -> ToolResult:
         limit = self.limits.bash_timeout_s
@@ -309,9 +369,10 @@ class CodingSandbox:
         result = self._run(command, self.root, limit)
         if result.rejected is not None:
             return ToolResult(f"Error: {result.output}", is_error=True)
+        quota = self._enforce_quota()
         if result.timed_out:
-            return ToolResult(f"Command timed out after {limit:g} s (killed).\n{result.output}", is_error=True)
-        return ToolResult(f"exit code {result.exit_code}\n{result.output}")
+            return ToolResult(f"Command timed out after {limit:g} s (killed).\n{result.output}{quota}", is_error=True)
+        return ToolResult(f"exit code {result.exit_code}\n{result.output}{quota}", is_error=bool(quota))
 
     # ------------------------------------------------------------------ reward
 
@@ -323,10 +384,12 @@ class CodingSandbox:
             return cached
         self._build_eval_tree()
         command = (
-            f"{_quote(sys.executable)} -I -B -m pytest -q --tb=line -p no:cacheprovider --junitxml={_REPORT_FILE} tests"
+            f"{_quote(sys.executable)} -I -B -c {_quote(RUNNER_SOURCE)} "
+            "-q --tb=line -p no:cacheprovider -p no:junitxml --rootdir=. tests"
         )
-        result = self._run(command, self._eval_dir, self.limits.test_timeout_s)
-        report = self._read_report(result)
+        nonce = new_nonce()
+        result = self._run(command, self._eval_dir, self.limits.test_timeout_s, channel_input=nonce.encode())
+        report = self._read_report(result, nonce)
         self._report_cache[digest] = report
         return report
 
@@ -341,22 +404,29 @@ class CodingSandbox:
 
     def snapshot(self) -> SandboxState:
         """Working-tree files (without ``.git`` and caches) and the paths the agent knows."""
-        files = tuple(
-            (display_path(self.root, file), file.read_bytes()) for file in sorted(self._walk_files(self.root))
-        )
-        return SandboxState(files, frozenset(self._known_paths))
+        files: list[tuple[str, bytes]] = []
+        for file in sorted(self._walk_files(self.root)):
+            try:
+                files.append((display_path(self.root, file), _read_regular(file)))
+            except OSError:  # replaced by a FIFO/symlink or removed since the walk: not a file of the tree
+                continue
+        return SandboxState(tuple(files), frozenset(self._known_paths))
 
     def restore(self, state: SandboxState) -> None:
         """Make the working tree and the read set equal to ``state`` (``.git`` is left alone)."""
         wanted = dict(state.files)
-        for file in list(self._walk_files(self.root)):
-            if display_path(self.root, file) not in wanted:
-                file.unlink()
+        for file in list(self._walk_files(self.root, special=True)):
+            if display_path(self.root, file) not in wanted or not _is_regular(file):
+                file.unlink()  # FIFOs, sockets and devices are never part of a state
         for rel, content in wanted.items():
             target = resolve_sandbox_path(self.root, rel, for_write=True)
             target.parent.mkdir(parents=True, exist_ok=True)
-            if not target.is_file() or target.read_bytes() != content:
-                target.write_bytes(content)
+            try:
+                same = _read_regular(target) == content
+            except OSError:
+                same = False
+            if not same:
+                _write_regular(target, content)
         self._known_paths = set(state.known_paths)
 
     def git_diff(self) -> str:
@@ -365,7 +435,7 @@ class CodingSandbox:
 
     # ------------------------------------------------------------------ helpers
 
-    def _run(self, command: str, root: Path, timeout_s: float) -> JailResult:
+    def _run(self, command: str, root: Path, timeout_s: float, channel_input: bytes | None = None) -> JailResult:
         return run_jailed(
             command,
             root,
@@ -375,7 +445,36 @@ class CodingSandbox:
             hide_paths=self._hide,
             fallback_tmpdir=self._fallback_tmp,
             env_extra=_JAIL_ENV,
+            channel_input=channel_input,
+            max_processes=self.limits.max_processes,
         )
+
+    def _enforce_quota(self) -> str:
+        """Delete the largest files of the sandbox directory until it uses at most ``max_workspace_bytes``."""
+        sizes: list[tuple[int, Path]] = []
+        for directory, _, filenames in os.walk(self._tmp):
+            for name in filenames:
+                path = Path(directory) / name
+                try:
+                    info = os.lstat(path)
+                except OSError:
+                    continue
+                sizes.append((max(info.st_size, info.st_blocks * 512), path))
+        used = sum(size for size, _ in sizes)
+        if used <= self.limits.max_workspace_bytes:
+            return ""
+        removed: list[str] = []
+        for size, path in sorted(sizes, key=lambda item: item[0], reverse=True):
+            if used <= self.limits.max_workspace_bytes:
+                break
+            try:
+                path.unlink()
+            except OSError:
+                continue
+            used -= size
+            removed.append(os.path.relpath(path, self.root))
+        limit = self.limits.max_workspace_bytes
+        return f"\n[disk quota of {limit} bytes exceeded: deleted {', '.join(removed)}]\n"
 
     def _check_known(self, rel: str) -> ToolResult | None:
         if self.require_read_before_edit and rel not in self._known_paths:
@@ -395,14 +494,21 @@ class CodingSandbox:
             diff = diff[: self.limits.max_diff_chars] + "\n[... diff truncated ...]\n"
         return diff or "(no textual change)"
 
-    def _walk_files(self, base: Path) -> list[Path]:
-        if base.is_file():
-            return [base]
+    def _walk_files(self, base: Path, *, special: bool = False) -> list[Path]:
+        """Regular files under ``base`` (not following symlinks); ``special``: also FIFOs, sockets, devices."""
+        if not base.is_dir():
+            return [base] if _is_regular(base) else []
         found: list[Path] = []
         for directory, dirnames, filenames in os.walk(base):
             dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
-            files = (Path(directory) / name for name in sorted(filenames))
-            found.extend(file for file in files if not file.is_symlink())
+            for name in sorted(filenames):
+                file = Path(directory) / name
+                try:
+                    mode = os.lstat(file).st_mode
+                except OSError:
+                    continue
+                if stat.S_ISREG(mode) or (special and not stat.S_ISLNK(mode)):
+                    found.append(file)
         return found
 
     def _build_eval_tree(self) -> None:
@@ -414,7 +520,10 @@ class CodingSandbox:
                 continue
             destination = self._eval_dir / rel
             destination.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(file, destination)
+            try:
+                destination.write_bytes(_read_regular(file))
+            except OSError:  # no longer a regular file
+                continue
         for name in _PROTECTED_TOP:
             original = self.task.repo_dir / name
             if original.is_dir():
@@ -425,25 +534,17 @@ class CodingSandbox:
         for hidden in self.task.hidden_test_files():
             shutil.copyfile(hidden, self._eval_dir / "tests" / hidden.name)
 
-    def _read_report(self, result: JailResult) -> TestReport:
-        hidden_modules = {f"tests.{path.stem}" for path in self.task.hidden_test_files()}
-        hidden_names = {path.stem for path in self.task.hidden_test_files()}
-        counts = {"hidden": [0, 0], "visible": [0, 0]}
-        report_path = self._eval_dir / _REPORT_FILE
-        if report_path.is_file() and not result.timed_out:
-            try:
-                cases = ET.parse(report_path).getroot().iter("testcase")
-            except ET.ParseError:
-                cases = iter(())
-            for case in cases:
-                module = case.get("classname", "")
-                is_hidden = module in hidden_modules or module.split(".")[-1] in hidden_names
-                bucket = counts["hidden" if is_hidden else "visible"]
-                bucket[1] += 1
-                if not any(child.tag in ("failure", "error", "skipped") for child in case):
-                    bucket[0] += 1
-        hidden_total = max(counts["hidden"][1], 1)  # a run that collected nothing hidden is a failure
-        return TestReport(counts["hidden"][0], hidden_total, counts["visible"][0], counts["visible"][1], result.output)
+    def _read_report(self, result: JailResult, nonce: str) -> TestReport:
+        hidden_files = [f"tests/{path.name}" for path in self.task.hidden_test_files()]
+        verdict = parse_channel(result.channel, nonce, hidden_files, overflow=result.channel_overflow)
+        problem = verdict.problem
+        if result.timed_out:
+            problem = f"the test run timed out after {self.limits.test_timeout_s:g} s"
+        hidden_passed, hidden_total = verdict.hidden if problem is None else (0, 0)
+        visible_passed, visible_total = verdict.visible if problem is None else (0, 0)
+        hidden_total = max(hidden_total, 1)  # a run that collected nothing hidden is a failure
+        output = result.output if problem is None else f"{result.output}\n[reward not trusted: {problem}]\n"
+        return TestReport(hidden_passed, hidden_total, visible_passed, visible_total, output, problem)
 
     def _git(self, *args: str, capture: bool = False) -> str:
         env = scrubbed_environment(self.root, self._fallback_tmp, _GIT_ENV)
@@ -453,6 +554,92 @@ class CodingSandbox:
         if completed.returncode != 0:
             raise RuntimeError(f"git {' '.join(args)} failed in {self.root}: {completed.stderr.strip()}")
         return completed.stdout if capture else ""
+
+
+class _NotRegular(OSError):
+    """A path that is a FIFO, socket, device or symlink: never opened by the file tools."""
+
+
+_OPEN_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def _is_regular(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _read_regular(path: Path, limit: int | None = None) -> bytes:
+    """Read (at most ``limit`` bytes of) a regular file without following a final symlink or blocking."""
+    fd = os.open(path, os.O_RDONLY | _OPEN_FLAGS)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise _NotRegular(f"{path} is not a regular file")
+        os.set_blocking(fd, True)
+        chunks: list[bytes] = []
+        left = limit if limit is not None else -1
+        while left != 0:
+            chunk = os.read(fd, 1 << 20 if left < 0 else min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            if left > 0:
+                left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _write_regular(path: Path, data: bytes) -> None:
+    """Replace the contents of a regular file (created if missing); FIFOs/devices/symlinks are refused."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | _OPEN_FLAGS, 0o644)
+    except OSError as exc:
+        if exc.errno in (errno.ENXIO, errno.ELOOP):  # a FIFO without a reader / a symlink
+            raise _NotRegular(f"{path} is not a regular file") from exc
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise _NotRegular(f"{path} is not a regular file")
+        os.set_blocking(fd, True)
+        os.ftruncate(fd, 0)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
+
+
+# The ``search`` worker: reads a JSON request on stdin, prints {"matches": [[i, line_no, text]], "total": n}.
+_SEARCH_SOURCE = r"""
+import json, os, re, stat, sys
+req = json.loads(sys.stdin.buffer.read())
+regex = re.compile(req["pattern"])
+matches, total = [], 0
+for index, name in enumerate(req["files"]):
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        continue
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            continue
+        os.set_blocking(fd, True)
+        data = os.read(fd, req["max_bytes"])
+    finally:
+        os.close(fd)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        continue
+    for number, line in enumerate(text.splitlines(), start=1):
+        if regex.search(line):
+            total += 1
+            if len(matches) < req["max_matches"]:
+                matches.append([index, number, line[: req["max_line"]]])
+sys.stdout.write(json.dumps({"matches": matches, "total": total}))
+"""
 
 
 def _digest_files(files: tuple[tuple[str, bytes], ...]) -> str:
