@@ -47,6 +47,7 @@ from verl_credit.envs.base import Environment, build_environment, episode_over, 
 from verl_credit.openai_chat import strip_thinking
 from verl_credit.trajectory import Trajectory
 from verl_credit.verl.annotation import annotate_finished_trajectory
+from verl_credit.verl.batch import VALIDATE_KEY
 from verl_credit.verl.settings import CreditSettings, load_settings
 from verl_credit.verl.users import SimulatedUser, build_user
 
@@ -488,8 +489,8 @@ def prompt_tool_schema(tool: BaseTool) -> dict[str, Any]:
 
 def _is_validation(kwargs: dict[str, Any]) -> bool:
     """Whether verl runs this episode for validation (the credit trainer tags those rows with
-    ``credit_validate``; verl's own trainers do not, so their rows count as training)."""
-    value = kwargs.get("credit_validate", False)
+    ``VALIDATE_KEY``; verl's own trainers do not, so their rows count as training)."""
+    value = kwargs.get(VALIDATE_KEY, False)
     return bool(value.item() if hasattr(value, "item") else value)
 
 
