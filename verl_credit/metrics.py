@@ -50,7 +50,8 @@ __all__ = [
 #: counters of non-finite input that the trainer neutralized (see the module doc)
 NONFINITE_METRICS: tuple[str, ...] = ("credit/nonfinite_rewards", "credit/nonfinite_advantages")
 
-#: DESIGN.md section 6: the metrics the trainer logs every step
+#: the metrics the trainer logs every step: DESIGN.md section 6, plus ``credit/zero_adv_groups``
+#: (issue 11: the share of GRPO groups whose advantages are all 0; not in DESIGN)
 DESIGN_METRICS: tuple[str, ...] = (
     "credit/fallback_rate",
     "credit/repaired_edges",
