@@ -383,6 +383,23 @@ def test_bash_time_and_output_limits(jail: str) -> None:
         assert len(flood.content) < 1200  # 1000 kept bytes + the notice + the exit code line
 
 
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("jail", JAIL_MODES)
+def test_command_that_closes_its_output_before_exiting_keeps_its_exit_code(jail: str) -> None:
+    # GNU tools close stdout in an exit handler, so end-of-output comes a moment before the exit;
+    # on a loaded machine the runner once SIGKILLed them in that gap (``exit code -9`` for ``ls``).
+    limits = SandboxLimits(bash_timeout_s=5.0)
+    with CodingSandbox("slugify_dashes", jail=jail, limits=limits) as sandbox:
+        result = sandbox.call("bash", {"command": "echo done; exec >&- 2>&-; sleep 0.5; exit 3"})
+        assert result.content.startswith("exit code 3"), result.content
+        assert "done" in result.content
+        # still bounded by the time limit when it never exits
+        started = time.monotonic()
+        result = sandbox.call("bash", {"command": "exec >&- 2>&-; sleep 100", "timeout": 1})
+        assert result.is_error and "timed out after 1 s" in result.content
+        assert time.monotonic() - started < 5.0
+
+
 @pytest.mark.skipif(not namespace_jail_available(), reason="Linux namespaces not usable here")
 @pytest.mark.timeout(30)
 def test_namespace_jail_has_no_network_no_survivors_and_hides_task_data(tmp_path: Path) -> None:

@@ -584,7 +584,15 @@ def _run_with_limits(
                         del tail[: len(tail) - tail_budget]
     finally:
         selector.close()
-        _kill_group(process)
+        if not timed_out and process.poll() is None:
+            # Output closed before the shell exited (GNU tools close stdout at exit, or the command
+            # ran ``exec >&-``): let it finish inside its time limit; killing now would turn an
+            # ordinary exit into SIGKILL on a loaded machine.
+            try:
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                timed_out = True
+        _kill_group(process)  # background leftovers of the fallback mode
         process.stdout.close()
         process.wait()
     seconds = time.monotonic() - start
