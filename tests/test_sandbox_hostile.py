@@ -90,13 +90,79 @@ def test_forged_records_and_early_exit_score_zero(sandbox: CodingSandbox) -> Non
     _apply_solution(sandbox)
     _append_to_module(sandbox, FD_FORGERY)
     report = sandbox.evaluate()
-    assert sandbox.reward() == 0.0
-    assert report.integrity is not None and "nonce" in report.integrity
-    # leaving the process before pytest finishes (os._exit(0) at import) is no pass either
+    assert sandbox.reward() == 0.0  # the forged lines reach the agent server's pipe, never the verdict
+    assert report.hidden_passed == 0
+    # leaving the process before the tests finish (os._exit(0) at import) is no pass either
     original = (sandbox.root / MODULE).read_text().replace(FD_FORGERY, "")
     sandbox.call("write_file", {"path": MODULE, "content": original + "\nimport os\nos._exit(0)\n"})
     report = sandbox.evaluate()
-    assert report.hidden_passed == 0 and report.integrity is not None and "final record" in report.integrity
+    assert report.hidden_passed == 0 and sandbox.reward() == 0.0
+
+
+# In-process attacks on the grader (issue 13, item 1): each made the unfixed task score 1.0 while
+# the agent's modules were imported into the hidden-test pytest process.
+PYTEST_PATCH = """
+try:
+    import _pytest.reports as _reports
+    _make = _reports.TestReport.from_item_and_call.__func__
+    def _forged(cls, item, call):
+        report = _make(cls, item, call)
+        report.outcome, report.longrepr = "passed", None
+        return report
+    _reports.TestReport.from_item_and_call = classmethod(_forged)
+except Exception:
+    pass
+"""
+ALWAYS_EQUAL = """
+from textutil import slug as _slug
+
+class _Anything:
+    def __eq__(self, other):
+        return True
+    __hash__ = object.__hash__
+
+_slug.slugify = lambda text: _Anything()
+"""
+FORGED_STR = """
+from textutil import slug as _slug
+
+class _Agreeable(str):
+    def __eq__(self, other):
+        return True
+    __hash__ = str.__hash__
+
+_real = _slug.slugify
+_slug.slugify = lambda text: _Agreeable(_real(text))
+"""
+CALLER_PEEK = """
+import sys
+from textutil import slug as _slug
+
+def _peek(text):
+    frame = sys._getframe(1)  # the hidden test: return the constant it compares with
+    strings = [c for c in frame.f_code.co_consts if isinstance(c, str) and c != text]
+    return strings[0] if strings else text
+
+_slug.slugify = _peek
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("attack", [PYTEST_PATCH, ALWAYS_EQUAL, FORGED_STR, CALLER_PEEK])
+@pytest.mark.parametrize("sandbox", JAIL_MODES, indirect=True)
+def test_agent_code_never_runs_in_the_hidden_test_process(sandbox: CodingSandbox, attack: str) -> None:
+    _append_to_module(sandbox, attack)
+    report = sandbox.evaluate()
+    assert sandbox.reward() == 0.0, report.output  # bug unfixed: every attack scored 1.0 before
+    assert report.hidden_passed < report.hidden_total
+
+
+@pytest.mark.timeout(60)
+def test_a_real_fix_still_scores_with_a_pytest_patch_in_place(sandbox: CodingSandbox) -> None:
+    _append_to_module(sandbox, PYTEST_PATCH)
+    _apply_solution(sandbox)
+    assert sandbox.reward() == 1.0
+    assert sandbox.evaluate().integrity is None
 
 
 def test_parse_channel_rejects_duplicates_and_trailing_records() -> None:
@@ -158,7 +224,6 @@ def test_fork_bomb_is_bounded_by_the_pids_limit(mode: str, tmp_path: os.PathLike
     assert not result.timed_out, result.output
     words = result.output.split()
     assert words[:1] == ["forks"] and int(words[1]) < 20 and words[3] == str(errno.EAGAIN), result.output
-    assert result.seconds < 5
 
 
 @pytest.mark.timeout(30)

@@ -63,9 +63,11 @@ __all__ = [
     "JailSetupError",
     "check_command_paths",
     "fallback_count",
+    "high_pipe",
     "namespace_jail_available",
     "pids_cgroup_root",
     "resolve_jail_mode",
+    "run_host",
     "run_jailed",
     "scrubbed_environment",
 ]
@@ -314,6 +316,7 @@ def run_jailed(
     channel_input: bytes | None = None,
     max_channel_bytes: int = 4 * 1024 * 1024,
     max_processes: int = 256,
+    child_fds: Mapping[str, int] | None = None,
 ) -> JailResult:
     """Run ``bash -c command`` with cwd ``root`` inside the jail (see the module docstring).
 
@@ -338,14 +341,22 @@ def run_jailed(
             pids cgroup per run when :func:`pids_cgroup_root` finds one (``ulimit -u`` does not
             bind root, and the jail's processes are host root); a fork bomb then fails with
             ``EAGAIN`` instead of filling the machine until the deadline.
+        child_fds: environment variable name -> file descriptor (>= 100, see :func:`high_pipe`) to
+            hand to the command, e.g. one end of a pipe to a process outside the jail. The fds
+            belong to this call from then on: they are closed here once the command has started
+            (or failed to), so that only the command holds them.
 
     Raises:
         JailSetupError: the namespace jail could not be set up (nothing was run).
     """
-    resolved_mode = resolve_jail_mode(mode)
-    real_root = Path(os.path.realpath(root))
-    if not real_root.is_dir():
-        raise FileNotFoundError(f"sandbox root {real_root} does not exist")
+    try:
+        resolved_mode = resolve_jail_mode(mode)
+        real_root = Path(os.path.realpath(root))
+        if not real_root.is_dir():
+            raise FileNotFoundError(f"sandbox root {real_root} does not exist")
+    except BaseException:
+        _close_all(child_fds)
+        raise
     fsize_kib = str(max(1, max_file_bytes // 1024))
     vmem_kib = str(max(1, max_memory_bytes // 1024))
     if resolved_mode == "namespace":
@@ -368,6 +379,7 @@ def run_jailed(
     else:
         reason = check_command_paths(command, real_root)
         if reason is not None:
+            _close_all(child_fds)
             return JailResult(None, f"command rejected by the sandbox: {reason}", False, 0, 0.0, resolved_mode, reason)
         argv = ["bash", "-c", _FALLBACK_SCRIPT, "jail", str(real_root), command, fsize_kib, vmem_kib]
         env = scrubbed_environment(real_root, fallback_tmpdir or real_root, env_extra)
@@ -376,11 +388,46 @@ def run_jailed(
         argv = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', cgroup, *argv]
     try:
         return _run_argv(
-            argv, env, real_root, timeout_s, max_output_bytes, resolved_mode, channel_input, max_channel_bytes
+            argv,
+            env,
+            real_root,
+            timeout_s,
+            max_output_bytes,
+            resolved_mode,
+            channel_input,
+            max_channel_bytes,
+            child_fds,
         )
     finally:
         if cgroup is not None:
             _remove_cgroup(cgroup)
+
+
+def run_host(
+    argv: Sequence[str],
+    cwd: Path,
+    env: Mapping[str, str],
+    *,
+    timeout_s: float,
+    max_output_bytes: int = 16_384,
+    channel_input: bytes | None = None,
+    max_channel_bytes: int = 4 * 1024 * 1024,
+    child_fds: Mapping[str, int] | None = None,
+) -> JailResult:
+    """Run a *trusted* command (the trainer's own code, e.g. the hidden-test process) outside the
+    jail, with the same deadline, output budget, channel and ``child_fds`` handling as
+    :func:`run_jailed`. It gets exactly ``env``; :attr:`JailResult.mode` is ``"host"``."""
+    return _run_argv(
+        list(argv),
+        dict(env),
+        Path(cwd),
+        timeout_s,
+        max_output_bytes,
+        "host",
+        channel_input,
+        max_channel_bytes,
+        child_fds,
+    )
 
 
 def _run_argv(
@@ -392,20 +439,30 @@ def _run_argv(
     resolved_mode: str,
     channel_input: bytes | None,
     max_channel_bytes: int,
+    child_fds: Mapping[str, int] | None = None,
 ) -> JailResult:
+    handed = dict(child_fds or {})
+    env = {**env, **{name: str(fd) for name, fd in handed.items()}}
     if channel_input is None:
         exit_code, output, timed_out, dropped, seconds, _ = _run_with_limits(
-            argv, env, real_root, timeout_s, max_output_bytes
+            argv,
+            env,
+            real_root,
+            timeout_s,
+            max_output_bytes,
+            pass_fds=tuple(handed.values()),
+            close_after_start=tuple(handed.values()),
         )
         channel: bytes | None = None
         overflow = False
     else:
-        if len(channel_input) > 60_000:  # one pipe buffer: written before the child starts
-            raise ValueError("channel_input must be at most 60000 bytes")
-        child_in, parent_out = _high_pipe()
-        parent_in, child_out = _high_pipe()
+        child_in = parent_out = parent_in = child_out = -1
         child_fds_owned = True
         try:
+            if len(channel_input) > 60_000:  # one pipe buffer: written before the child starts
+                raise ValueError("channel_input must be at most 60000 bytes")
+            child_in, parent_out = high_pipe()
+            parent_in, child_out = high_pipe()
             os.write(parent_out, channel_input)
             os.close(parent_out)
             parent_out = -1
@@ -417,14 +474,16 @@ def _run_argv(
                 real_root,
                 timeout_s,
                 max_output_bytes,
-                pass_fds=(child_in, child_out),
+                pass_fds=(child_in, child_out, *handed.values()),
                 channel_fd=parent_in,
                 max_channel_bytes=max_channel_bytes,
-                close_after_start=(child_in, child_out),
+                close_after_start=(child_in, child_out, *handed.values()),
             )
+            handed = {}
             channel, overflow = extra
         finally:
-            for fd in (parent_in, parent_out, *((child_in, child_out) if child_fds_owned else ())):
+            owned = (child_in, child_out, *handed.values()) if child_fds_owned else ()
+            for fd in (parent_in, parent_out, *owned):
                 if fd >= 0:
                     os.close(fd)
     if resolved_mode == "namespace" and exit_code == 125 and _SETUP_FAILED in output:
@@ -487,7 +546,15 @@ def _remove_cgroup(path: str) -> None:
             time.sleep(0.05)
 
 
-def _high_pipe() -> tuple[int, int]:
+def _close_all(fds: Mapping[str, int] | None) -> None:
+    for fd in (fds or {}).values():
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def high_pipe() -> tuple[int, int]:
     """A close-on-exec pipe whose fds are >= 100 (the jail scripts use fds 3..99 for themselves)."""
     low = os.pipe()
     try:

@@ -15,10 +15,10 @@ each (test, phase) at most once and end with exactly one ``done`` record with no
 anything else (a record appended by a background thread or a forked child, a second report of a
 test, garbage) makes the run *tampered*, and a tampered run scores zero.
 
-Residual risk (documented, not solved): code running inside the tested process can still
-monkeypatch pytest or the reporter in memory (or find the nonce there) before the tests run. That
-takes a deliberate attack on the grader's internals, not a file edit; it is out of reach of a
-process-external check and would need the hidden tests to run without the agent's code in-process.
+The channel alone cannot stop code that runs *inside* the tested process (it can patch pytest or
+the reporter in memory, or find the nonce): that is why the reward's hidden tests never import the
+agent's code in-process (:mod:`.hidden_tests`); the channel carries their verdict, and the visible
+tests' counts, which are not the reward.
 """
 
 from __future__ import annotations

@@ -6,14 +6,16 @@ Directory layout of one sandbox (``tempfile.mkdtemp``)::
                  tools can write; the cwd and HOME of ``bash`` and ``run_tests``
     <tmp>/tmp    TMPDIR of jailed commands in the fallback jail mode
     <tmp>/eval   rebuilt for every reward: the agent's sources + the task's original tests and
-                 pytest config + the hidden tests
+                 pytest config (the hidden tests stay outside, in a private directory)
 
 Reward: the agent's tree is copied (regular files only) without ``tests/``, ``conftest.py`` files
 and pytest config files (those come from the task, so editing tests or adding a ``conftest.py``
-earns nothing), the hidden tests are added under ``tests/``, and pytest runs in the jail. The
-verdict comes back over a pipe held by the trainer (:mod:`.reward_channel`), not from a report
-file the code under test could rewrite; a channel that shows tampering scores zero and is recorded
-in :attr:`TestReport.integrity`. ``binary`` reward is 1.0 iff every hidden test passes (a
+earns nothing). The task's visible tests run on it in the jail (counts only). The hidden tests run
+in a trainer-side pytest process that never imports the agent's code: its imports of the agent's
+packages are proxies to a jailed agent server (:mod:`.hidden_tests`, :mod:`.remote_objects`), so
+the code under test can answer calls but cannot touch the verdict, which comes back over a pipe
+held by the trainer (:mod:`.reward_channel`); a channel that shows tampering scores zero and is
+recorded in :attr:`TestReport.integrity`. ``binary`` reward is 1.0 iff every hidden test passes (a
 collection error counts as a failure); ``fraction`` is the share of hidden tests that pass.
 
 File tools, ``snapshot``/``restore`` and the reward only open *regular* files (``O_NONBLOCK``,
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import difflib
 import errno
+import functools
 import hashlib
 import json
 import os
@@ -41,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_credit.envs.base import ToolResult
+from verl_credit.envs.coding.hidden_tests import HiddenRun, run_hidden_tests
 from verl_credit.envs.coding.jail import JailResult, resolve_jail_mode, run_jailed, scrubbed_environment
 from verl_credit.envs.coding.paths import SandboxPathError, display_path, resolve_sandbox_path
 from verl_credit.envs.coding.reward_channel import RUNNER_SOURCE, new_nonce, parse_channel
@@ -383,13 +387,24 @@ class CodingSandbox:
         if cached is not None:
             return cached
         self._build_eval_tree()
+        # visible tests: the task's own tests on the agent's sources, in the jail (not the reward)
         command = (
             f"{_quote(sys.executable)} -I -B -c {_quote(RUNNER_SOURCE)} "
             "-q --tb=line -p no:cacheprovider -p no:junitxml --rootdir=. tests"
         )
         nonce = new_nonce()
-        result = self._run(command, self._eval_dir, self.limits.test_timeout_s, channel_input=nonce.encode())
-        report = self._read_report(result, nonce)
+        visible = self._run(command, self._eval_dir, self.limits.test_timeout_s, channel_input=nonce.encode())
+        # hidden tests (the reward): a trainer-side pytest that calls the agent's code in the jail
+        hidden = run_hidden_tests(
+            self.task.hidden_test_files(),
+            self._eval_dir,
+            functools.partial(self._run, root=self._eval_dir, timeout_s=self.limits.test_timeout_s),
+            timeout_s=self.limits.test_timeout_s,
+            max_output_bytes=self.limits.max_output_bytes,
+            host_env=_JAIL_ENV,
+            task_tree=self.task.repo_dir,
+        )
+        report = self._read_report(visible, nonce, hidden)
         self._report_cache[digest] = report
         return report
 
@@ -435,7 +450,14 @@ class CodingSandbox:
 
     # ------------------------------------------------------------------ helpers
 
-    def _run(self, command: str, root: Path, timeout_s: float, channel_input: bytes | None = None) -> JailResult:
+    def _run(
+        self,
+        command: str,
+        root: Path,
+        timeout_s: float,
+        channel_input: bytes | None = None,
+        child_fds: Mapping[str, int] | None = None,
+    ) -> JailResult:
         return run_jailed(
             command,
             root,
@@ -447,6 +469,7 @@ class CodingSandbox:
             env_extra=_JAIL_ENV,
             channel_input=channel_input,
             max_processes=self.limits.max_processes,
+            child_fds=child_fds,
         )
 
     def _enforce_quota(self) -> str:
@@ -531,19 +554,18 @@ class CodingSandbox:
             elif original.is_file():
                 shutil.copyfile(original, self._eval_dir / name)
         (self._eval_dir / "tests").mkdir(exist_ok=True)
-        for hidden in self.task.hidden_test_files():
-            shutil.copyfile(hidden, self._eval_dir / "tests" / hidden.name)
 
-    def _read_report(self, result: JailResult, nonce: str) -> TestReport:
-        hidden_files = [f"tests/{path.name}" for path in self.task.hidden_test_files()]
-        verdict = parse_channel(result.channel, nonce, hidden_files, overflow=result.channel_overflow)
-        problem = verdict.problem
-        if result.timed_out:
-            problem = f"the test run timed out after {self.limits.test_timeout_s:g} s"
-        hidden_passed, hidden_total = verdict.hidden if problem is None else (0, 0)
-        visible_passed, visible_total = verdict.visible if problem is None else (0, 0)
+    def _read_report(self, visible: JailResult, nonce: str, hidden: HiddenRun) -> TestReport:
+        seen = parse_channel(visible.channel, nonce, [], overflow=visible.channel_overflow)
+        visible_passed, visible_total = seen.visible if seen.problem is None and not visible.timed_out else (0, 0)
+        problem = hidden.verdict.problem
+        if hidden.timed_out:
+            problem = f"the hidden-test run timed out after {self.limits.test_timeout_s:g} s"
+        hidden_passed, hidden_total = hidden.verdict.hidden if problem is None else (0, 0)
         hidden_total = max(hidden_total, 1)  # a run that collected nothing hidden is a failure
-        output = result.output if problem is None else f"{result.output}\n[reward not trusted: {problem}]\n"
+        output = f"{visible.output}\n{hidden.output}"
+        if problem is not None:
+            output += f"\n[reward not trusted: {problem}]\n"
         return TestReport(hidden_passed, hidden_total, visible_passed, visible_total, output, problem)
 
     def _git(self, *args: str, capture: bool = False) -> str:
