@@ -11,11 +11,18 @@ What the rules detect, in order:
    known: the ``tools`` option or a record's ``tools`` field) an unknown tool name or a missing
    required argument; ``tool_error`` -- a tool result that reports an error
    (:func:`~verl_credit.annotate.rules_dialog.error_evidence`); ``user_rejection`` -- a user turn
-   that rejects the preceding action (:func:`~verl_credit.annotate.rules_dialog.is_rejection`;
-   a goal revision is not one).
+   that explicitly refuses the preceding action's proposal or result
+   (:func:`~verl_credit.annotate.rules_dialog.is_rejection`; a goal revision, an agreement, a
+   partial decline that accepts the offer, a report that a check found nothing, and anything
+   after a greeting or closing are not).
 2. **Units**: every information unit bound to a tool-call argument of action ``j``
    (:mod:`~verl_credit.annotate.rules_values`). Only tool-call actions consume units: questions,
-   proposals, reports, greetings and closings bind nothing, so they get no incoming edge.
+   proposals, reports, greetings and closings bind nothing, so they get no incoming edge (except
+   the branch and recovery edges of rules 7 and 8). A free-text argument (``summary``,
+   ``reason``, ``note``, ... that the tool schema gives no enum or format) is a report: no units.
+   A message's text also holds its dates in words as ISO dates (``"May 26"`` -> ``2024-05-26``
+   when the conversation fixes the year) and its spelled numbers; the day of a date in prose is
+   not a number of its own.
 3. **Resolution** of each unit ``v`` of ``j`` to exactly one of:
 
    * *failed* -- ``v`` is invalid output of an error-bearing action ``i < j`` (an argument of
@@ -28,9 +35,13 @@ What the rules detect, in order:
      ``v``; a user reply elicited by ``k`` contains ``v``; or ``k`` introduced ``v`` (its text
      or arguments are the first place ``v`` appears). Sources are chosen by greedy set cover
      over ``j``'s units -- the source covering most of the remaining units first ("most
-     comprehensive"), ties to the earliest; each unit is covered once ("several sources only
-     for non-overlapping units"). Edge type ``input`` when a covered unit came through a user
-     reply elicited by ``k``, else ``success_utilization``;
+     comprehensive"), ties to the earliest -- except that a reply naming a value earlier tool
+     results listed wins the tie (the user chose it from the list); each unit is covered once
+     ("several sources only for non-overlapping units"). A value the agent itself introduced
+     that the proposal the user confirmed for ``j`` restates is sourced to that proposal. Edge
+     type ``input`` when a covered unit came through a user reply elicited by ``k``, else
+     ``success_utilization``. The earliest :data:`MAX_SOURCE_OCCURRENCES` occurrences of a unit
+     are looked at;
    * *direct* -- only an unelicited user turn (the opening request, or a reply to a greeting or
      closing) holds ``v``: counted once in ``u_j`` (per distinct unit of ``j``; another action
      consuming the same value counts it again in its own ``u``);
@@ -42,10 +53,10 @@ What the rules detect, in order:
    identical call, when that call failed: ``-`` edge from the failing action (unit
    ``retry <tool>``). A *corrected* retry (some argument value really differs) gets no ``-``
    edge; the failed action keeps its error mark.
-5. **Confirmations**: a user affirmation ("yes, go ahead") of a proposal made by action ``P``:
-   the first later write call (a tool whose name does not start with a read verb such as
-   ``get``/``find``/``list``/``search``) before the next user turn gets ``+`` ``P -> j``
-   (``input``, unit ``confirmation``).
+5. **Confirmations**: a user affirmation ("yes, go ahead") of a proposal made by action ``P``
+   (the closest action that asked): every write call (a tool whose name does not start with a
+   read verb such as ``get``/``find``/``list``/``search``, nor ``think``/``calculate``) before
+   the next user turn gets ``+`` ``P -> j`` (``input``, unit ``confirmation``).
 6. **Choices**: a user reply to an action ``P`` that listed options (enumerated lines or
    ``A or B?``) that picks one by ordinal ("the second one", "number 2") or by a word only that
    option has (name, colour, time, ...; a tie between options is U5). The first later call that
@@ -55,7 +66,19 @@ What the rules detect, in order:
    the option and one of them distinctive. When no call does, the option is a description
    ("Green, size M"): the ids of the single smallest tool-result record holding all its
    distinctive atoms (the variant ``"2003"``) are looked up instead. The chosen entry's ids
-   still trace to their tool source by rule 3.
+   still trace to their tool source by rule 3. A list inside a report (no question, no "which"
+   / "choose" / "let me know") and an open question ("..., or something else?", "for example
+   ...", examples in parentheses) offer nothing to choose from.
+7. **Branches**: a user reply that triggers a transfer (a ``transfer``/``escalate``/``handoff``
+   tool called first in the agent's answer, or anywhere in it when the reply asks for a human)
+   or a refusal (the answer's first action is text that declines, "I'm sorry, but I can't ...")
+   gives the branching action ``+`` from the reply's eliciting action (``input``, unit
+   ``branch=transfer`` / ``branch=refusal``), or a direct user input when the reply was
+   unelicited.
+8. **Recoveries**: an action whose text reports an observed mismatch ("this doesn't match the
+   line I retrieved") gets ``+`` from the action whose successful tool result showed it (the
+   latest one holding an entity the report names, else the latest result before it;
+   ``success_utilization``, unit ``mismatch=...``).
 
 Edges with the same ``(src, dst, sign)`` are merged (units joined with ``"; "``; ``input`` wins
 over ``success_utilization``).
@@ -70,26 +93,36 @@ over ``success_utilization``).
   ties between two tool results or two replies are resolved by "earliest" without doubt;
 * U3 ``unparseable`` -- a tool call's arguments are not a JSON object;
 * U4 ``unconsumed reply`` -- a user reply elicited by a question, with substantive content
-  (not an affirmation, rejection, polite decline or resolved choice), none of whose units any
-  later tool call uses, while a later tool call exists;
-* U5 ``choice`` -- a reply picks among listed options but the option is ambiguous, or no later
-  call uses the chosen option;
+  (not an affirmation, rejection, polite decline or resolved choice) that holds an entity value
+  (id, number, date, email) or answers a proposal, none of whose units any later tool call
+  uses, while a later tool call exists (a report in words -- "Data Saver is off" -- is not);
+* U5 ``choice`` -- a reply picks among listed options but the option is ambiguous (and the reply
+  uses choice words: "I'll take", "option", "go with", ...), or no later call uses the chosen
+  option;
 * U6 ``ambiguous failure`` -- a later call reuses an argument of a failing multi-argument call
   whose error message names none of its arguments (which value was wrong is unknown);
 * U7 ``exception`` -- the rules themselves failed on odd content; the graph is then the
   uniform fallback (``validation.fallback = True``, the exception noted and counted).
 
+Cost: one pass builds an inverted index (atom -> messages) and every look-up goes through it, so
+annotation time is linear in the number of actions and messages (long texts every trajectory of
+a task repeats -- the system prompt, the tool list -- are tokenised once per process).
+
 Known limits: values are matched literally up to the normalisation above (no paraphrase, no
-arithmetic, no "May 3rd" == "2024-05-03"); a text-only action never consumes anything; a
-rejection marks the action right before the user turn (not an earlier write it reports); the
-dialogue-act patterns are English.
+arithmetic); a date in words needs the year fixed by the conversation; a text-only action
+consumes nothing but its branch or recovery edge; a rejection marks the action right before the
+user turn (not an earlier write it reports); the dialogue-act patterns are English.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
+import heapq
+import itertools
 import json
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -99,9 +132,13 @@ from verl_credit.annotate.rules_dialog import (
     error_evidence,
     is_affirmation,
     is_generic_offer,
+    is_mismatch_report,
     is_polite_decline,
     is_proposal,
+    is_refusal,
     is_rejection,
+    is_transfer_request,
+    is_transfer_tool,
     ordinal_choice,
     parse_options,
 )
@@ -109,7 +146,9 @@ from verl_credit.annotate.rules_values import (
     STOPWORDS,
     TRIVIAL_VALUES,
     ArgUnit,
+    DateContext,
     IndexedText,
+    OccurrenceIndex,
     atomize,
     canonical_call_signature,
     extract_units,
@@ -119,18 +158,23 @@ from verl_credit.annotate.rules_values import (
 from verl_credit.graph import GraphValidation, InfluenceGraph, validate_graph
 from verl_credit.trajectory import Action, Observation, ToolCall, Trajectory
 
-__all__ = ["RULES_VERSION", "RuleAnnotator", "RuleTrace", "annotate_rules", "trace_rules"]
+__all__ = ["RULES_VERSION", "RuleAnnotator", "RuleTrace", "annotate_rules", "trace_rules", "uncertainty_reasons"]
 
 logger = logging.getLogger(__name__)
 
 #: bump when the rules change what they output (part of cache keys)
-RULES_VERSION = "rules-1"
+RULES_VERSION = "rules-2"
 
 READ_VERBS = frozenset(
     "get find list search lookup look check view read fetch query show calculate compute verify think describe "
     "count retrieve browse".split()
 )
 MAX_UNIT_CHARS = 200
+#: earliest occurrences of a unit looked at for its sources (keeps a value that every message repeats
+#: -- a customer id in each of thousands of results -- from making annotation quadratic)
+MAX_SOURCE_OCCURRENCES = 64
+#: candidate calls tried for a choice, and latest tool-result records searched for a described option
+MAX_SCANNED_CANDIDATES = 64
 
 # candidate kinds: how an action k supplies a unit to a later action
 _TOOL, _ECHO, _REPLY, _ORIGIN = "tool", "tool_echo", "reply", "origin"
@@ -177,18 +221,28 @@ class _Tracer:
         self.roles: list[str] = []
         self.action_at: dict[int, int] = {a.message_index: a.index for a in self.actions}
         self.observation_at: dict[int, Observation] = {o.message_index: o for o in trajectory.observations}
+        dates = DateContext()  # the year / month the conversation so far fixes for dates in words
         for position, message in enumerate(messages):
             role = message.get("role", "") if isinstance(message, dict) else ""
             self.roles.append(str(role))
             if position in self.action_at:
                 action = self.actions[self.action_at[position]]
                 parts = [action.content, *(call.raw_arguments for call in action.tool_calls)]
-                self.texts.append(IndexedText("\n".join(parts)))
+                self.texts.append(IndexedText("\n".join(parts), dates))
             elif position in self.observation_at:
-                self.texts.append(IndexedText(self.observation_at[position].content))
+                self.texts.append(IndexedText(self.observation_at[position].content, dates))
             else:
                 self.texts.append(IndexedText(""))
+        self.index = OccurrenceIndex(self.texts, frozenset(m for m, role in enumerate(self.roles) if role == "system"))
         self.constants = IndexedText(json.dumps(self.tool_schemas.get("__raw__", []), default=str))
+        self.action_messages = [a.message_index for a in self.actions]
+        self.signature_cache: dict[tuple[int, int], str] = {}
+        self.confirmed_by: dict[int, int] = {}  # write action -> the action whose proposal the user confirmed
+        self.records_cache: dict[int, list[tuple[int, frozenset[str], frozenset[str]]]] = {}
+        self.proposal_cache: dict[int, bool] = {}
+        self.offer_cache: dict[int, bool] = {}
+        self.record_index: dict[str, list[tuple[int, int, frozenset[str], frozenset[str]]]] | None = None
+        self.acting_index: dict[str, list[int]] | None = None
 
         # call_of_result[message_index] = (action, call position) for tool results
         self.call_of_result: dict[int, tuple[int, int]] = {}
@@ -196,21 +250,36 @@ class _Tracer:
         self.call_units: dict[tuple[int, int], list[ArgUnit]] = {}
         self.action_units: list[list[ArgUnit]] = []
         self.effective_source: dict[int, int | None] = {}
-        self.occurrence_cache: dict[str, list[int]] = {}
-        self.taints: list[_Taint] = []
-        self.ambiguous_taints: list[_Taint] = []
+        self.taints: dict[str, list[_Taint]] = {}
+        self.ambiguous_taints: dict[str, list[_Taint]] = {}
         self.next_user_message: list[int] = []
         self.resolved_choices: set[int] = set()
         self.schema_failed: set[tuple[int, int]] = set()
 
     # ------------------------------------------------------------------ helpers
-    def occurrences(self, unit: ArgUnit) -> list[int]:
-        """Message indices whose text contains ``unit`` (cached per unit key), ascending."""
-        cached = self.occurrence_cache.get(unit.key)
+    def proposal(self, action: int) -> bool:
+        """``is_proposal`` of an action's text (computed once per action)."""
+        cached = self.proposal_cache.get(action)
         if cached is None:
-            cached = [m for m, text in enumerate(self.texts) if text.contains(unit)]
-            self.occurrence_cache[unit.key] = cached
+            cached = self.proposal_cache[action] = is_proposal(self.actions[action].content)
         return cached
+
+    def generic_offer(self, action: int) -> bool:
+        """``is_generic_offer`` of an action's text (computed once per action)."""
+        cached = self.offer_cache.get(action)
+        if cached is None:
+            cached = self.offer_cache[action] = is_generic_offer(self.actions[action].content)
+        return cached
+
+    def act_text(self, action: int) -> str:
+        """An action's text and tool names as ``name(`` (what a user's "don't <verb>" can be about; a
+        called tool is something the action did)."""
+        item = self.actions[action]
+        return " ".join([item.content, *(call.name.replace("_", " ") + "(" for call in item.tool_calls)])
+
+    def occurrences(self, unit: ArgUnit) -> list[int]:
+        """Message indices whose text contains ``unit`` (inverted index, cached per unit key), ascending."""
+        return self.index.find(unit)
 
     def origin_action(self, unit: ArgUnit) -> int | None:
         """The action whose message is the first place ``unit`` appears (None if a non-action is)."""
@@ -252,12 +321,14 @@ class _Tracer:
         self.extract_units()
         self.find_errors()
         self.find_taints()
+        self.find_confirmations()
         for j, action in enumerate(self.actions):
             if action.tool_calls:
                 self.resolve_consumer(j)
         self.find_retries()
-        self.find_confirmations()
         self.find_choices()
+        self.find_branches()
+        self.find_mismatch_recoveries()
         self.find_unconsumed_replies()
         raw = {
             "num_actions": self.n,
@@ -302,7 +373,7 @@ class _Tracer:
             if observation.role != "user":
                 continue
             source = observation.source_action
-            if source is not None and is_generic_offer(self.actions[source].content):
+            if source is not None and self.generic_offer(source):
                 source = None
             self.effective_source[observation.message_index] = source
 
@@ -311,8 +382,10 @@ class _Tracer:
             units: list[ArgUnit] = []
             seen: set[str] = set()
             for position, call in enumerate(action.tool_calls):
+                schema = self.tool_schemas.get(call.name)
+                properties = schema.get("properties") if isinstance(schema, Mapping) else None
                 found = (
-                    extract_units(call.arguments, position)
+                    extract_units(call.arguments, position, properties if isinstance(properties, dict) else None)
                     if call.arguments_valid
                     else extract_units_from_raw(call.raw_arguments, position)
                 )
@@ -344,7 +417,9 @@ class _Tracer:
             if observation.role != "user" or observation.after_action < 1:
                 continue
             preceding = self.actions[observation.after_action - 1]
-            if is_rejection(observation.content, is_proposal(preceding.content)):
+            if not preceding.tool_calls and self.generic_offer(preceding.index):
+                continue  # a greeting or closing proposed nothing and did nothing: nothing to reject
+            if is_rejection(observation.content, self.proposal(preceding.index), self.act_text(preceding.index)):
                 self.add_error(preceding.index, "user_rejection", observation.content)
 
     def schema_problem(self, call: ToolCall) -> str | None:
@@ -369,17 +444,19 @@ class _Tracer:
                 error_text = self.texts[evidence_message]
                 named = [u for u in units if error_text.contains(u)]
                 if named:
-                    self.taints.extend(_Taint(action, u.key, evidence_message) for u in named)
+                    for u in named:
+                        self.taints.setdefault(u.key, []).append(_Taint(action, u.key, evidence_message))
                 elif (action, position) in self.schema_failed:
                     continue  # the call's form was wrong, not (necessarily) its values
                 elif len(units) == 1:
-                    self.taints.append(_Taint(action, units[0].key, evidence_message))
+                    self.taints.setdefault(units[0].key, []).append(_Taint(action, units[0].key, evidence_message))
                 else:
-                    self.ambiguous_taints.extend(_Taint(action, u.key, evidence_message) for u in units)
+                    for u in units:
+                        self.ambiguous_taints.setdefault(u.key, []).append(_Taint(action, u.key, evidence_message))
         for action in sorted(self.errors):
             message_index = self.actions[action].message_index
             for unit in self.introduced_units(action):
-                self.taints.append(_Taint(action, unit.key, message_index))
+                self.taints.setdefault(unit.key, []).append(_Taint(action, unit.key, message_index))
 
     def introduced_units(self, action: int) -> list[ArgUnit]:
         """Units that first appear in ``action``'s own message (its arguments and entity words of its text)."""
@@ -390,39 +467,50 @@ class _Tracer:
                 candidates.append(ArgUnit(atom, ((atom,),), f"text={atom}", -1))
         return [u for u in candidates if self.origin_action(u) == action]
 
-    def failed_source(self, unit: ArgUnit, consumer_message: int, taints: list[_Taint]) -> int | None:
+    def failed_source(self, unit: ArgUnit, consumer_message: int, taints: dict[str, list[_Taint]]) -> int | None:
         """Latest error-bearing action whose invalid output ``unit`` is, unless cleanly re-supplied."""
         found = None
+        keyed = taints.get(unit.key)
+        if not keyed:
+            return None
         occurrences = self.occurrences(unit)
-        for taint in taints:
-            if taint.key != unit.key or taint.evidence_message >= consumer_message:
+        for taint in keyed:
+            if taint.evidence_message >= consumer_message:
                 continue
-            resupplied = any(
-                taint.evidence_message < m < consumer_message and self.is_clean_message(m) for m in occurrences
-            )
+            start = bisect.bisect_right(occurrences, taint.evidence_message)
+            stop = bisect.bisect_left(occurrences, consumer_message)
+            resupplied = any(self.is_clean_message(m) for m in occurrences[start:stop])
             if not resupplied and (found is None or taint.action > found):
                 found = taint.action
         return found
 
     def call_signature(self, action: int, position: int) -> str:
-        call = self.actions[action].tool_calls[position]
-        return canonical_call_signature(call.name, call.arguments, call.raw_arguments, call.arguments_valid)
+        key = (action, position)
+        cached = self.signature_cache.get(key)
+        if cached is None:
+            call = self.actions[action].tool_calls[position]
+            cached = canonical_call_signature(call.name, call.arguments, call.raw_arguments, call.arguments_valid)
+            self.signature_cache[key] = cached
+        return cached
 
-    def candidates(self, unit: ArgUnit, consumer: int) -> tuple[dict[int, set[str]], bool, bool]:
+    def candidates(
+        self, unit: ArgUnit, consumer: int, own_signatures: set[str] | None = None
+    ) -> tuple[dict[int, set[str]], bool, bool]:
         """``({k: kinds}, direct, constant)`` for ``unit`` consumed by action ``consumer``.
 
         The result of an earlier call identical to one of the consumer's own calls is not a source:
         a repeated call learns nothing from its twin (otherwise redundant repeats look causal).
         """
         consumer_message = self.actions[consumer].message_index
-        own_signatures = {self.call_signature(consumer, p) for p in range(len(self.actions[consumer].tool_calls))}
+        if own_signatures is None:
+            own_signatures = {self.call_signature(consumer, p) for p in range(len(self.actions[consumer].tool_calls))}
         sources: dict[int, set[str]] = {}
         direct = False
         occurrences = self.occurrences(unit)
         origin = self.origin_action(unit)
         constant = self.constants.contains(unit)
-        for m in occurrences:
-            if m >= consumer_message:
+        for considered, m in enumerate(occurrences):
+            if m >= consumer_message or considered >= MAX_SOURCE_OCCURRENCES:
                 break
             role = self.roles[m]
             if role == "system":
@@ -450,6 +538,9 @@ class _Tracer:
     def resolve_consumer(self, j: int) -> None:
         """Rule 3 for every unit of action ``j``."""
         consumer_message = self.actions[j].message_index
+        own_signatures = {self.call_signature(j, p) for p in range(len(self.actions[j].tool_calls))}
+        proposer = self.confirmed_by.get(j)
+        proposal_text = self.texts[self.actions[proposer].message_index] if proposer is not None else None
         pool: dict[str, dict[int, set[str]]] = {}
         labels: dict[str, str] = {}
         direct_keys: set[str] = set()
@@ -464,7 +555,17 @@ class _Tracer:
                 self.reasons.append(
                     f"U6 ambiguous failure: action {j} reuses {unit.label!r} from failing call of action {ambiguous}"
                 )
-            sources, direct, constant = self.candidates(unit, j)
+            sources, direct, constant = self.candidates(unit, j, own_signatures)
+            if (
+                proposer is not None
+                and sources
+                and all(kinds <= {_ORIGIN} for kinds in sources.values())
+                and proposal_text is not None
+                and proposal_text.contains(unit)
+            ):
+                # a value the agent itself put forward, restated in the proposal the user confirmed:
+                # the proposal of exactly this write is its source, not an earlier mention
+                sources = {proposer: {_ORIGIN}}
             if sources:
                 pool[unit.key] = sources
             elif direct:
@@ -482,6 +583,22 @@ class _Tracer:
             best = max(len(keys) for keys in coverage.values())
             tied = sorted(k for k, keys in coverage.items() if len(keys) == best)
             chosen = tied[0]
+            # a reply that names one of the values earlier tool results listed is the user's choice
+            # among them (item chosen from a list): it, not the listing, supplies the value
+            choosers = [
+                k
+                for k in tied[1:]
+                if all(_REPLY in pool[key][k] for key in coverage[k])
+                and all(
+                    not _REPLY_CLASS & _kind_class(pool[key][other])
+                    for other in tied
+                    if other < k
+                    for key in coverage[k] & coverage[other]
+                )
+            ]
+            if choosers:
+                chosen = choosers[-1]
+                tied = [chosen]
             covered = coverage[chosen]
             for other in tied[1:]:
                 for key in sorted(covered & coverage[other]):
@@ -492,7 +609,8 @@ class _Tracer:
                             " of different kinds (user reply vs tool result)"
                         )
             edge_type = "input" if any(_REPLY in pool[key][chosen] for key in covered) else "success_utilization"
-            for key in sorted(covered, key=lambda k: list(labels).index(k)):
+            order = {key: position for position, key in enumerate(labels)}
+            for key in sorted(covered, key=order.__getitem__):
                 self.add_edge(chosen, j, "+", edge_type, labels[key])
             remaining -= covered
 
@@ -515,22 +633,86 @@ class _Tracer:
     def following_actions(self, message_index: int, same_turn: bool) -> list[Action]:
         """Actions after ``message_index`` (only up to the next user turn when ``same_turn``)."""
         stop = self.next_user_message[message_index] if same_turn else len(self.roles)
-        return [a for a in self.actions if message_index < a.message_index < stop]
+        start = bisect.bisect_right(self.action_messages, message_index)
+        end = bisect.bisect_left(self.action_messages, stop)
+        return self.actions[start:end]
 
     def find_confirmations(self) -> None:
-        """Rule 5: affirmation of a proposal -> the write call that executes it."""
+        """Rule 5: affirmation of a proposal -> the write calls that execute it (same agent turn)."""
         for observation in self.trajectory.observations:
             if observation.role != "user":
                 continue
             proposer = self.effective_source.get(observation.message_index)
-            if proposer is None or not is_proposal(self.actions[proposer].content):
+            if proposer is None or not self.proposal(proposer):
                 continue
             if not is_affirmation(observation.content):
                 continue
             for action in self.following_actions(observation.message_index, same_turn=True):
-                if any(not _is_read_tool(call.name) for call in action.tool_calls):
+                if any(_is_write_tool(call.name) for call in action.tool_calls):
                     self.add_edge(proposer, action.index, "+", "input", "confirmation")
+                    self.confirmed_by.setdefault(action.index, proposer)
+
+    def find_branches(self) -> None:
+        """A user reply that triggers a branch: a transfer or a refusal in the agent's answer to it.
+
+        The branching action gets ``+`` from the reply's eliciting action (unit ``branch=transfer``
+        / ``branch=refusal``), or a direct user input when the reply was unelicited. A transfer
+        counts when it is the first action after the reply or the reply asks for a human; a
+        refusal when it is the first action after the reply (text only).
+        """
+        for observation in self.trajectory.observations:
+            if observation.role != "user" or not observation.content.strip():
+                continue
+            turn = self.following_actions(observation.message_index, same_turn=True)
+            if not turn:
+                continue
+            asks_for_human = is_transfer_request(observation.content)
+            target, unit = None, ""
+            for position, action in enumerate(turn):
+                if any(is_transfer_tool(call.name) for call in action.tool_calls) and (position == 0 or asks_for_human):
+                    target, unit = action.index, "branch=transfer"
                     break
+            if target is None and not turn[0].tool_calls and is_refusal(turn[0].content):
+                target, unit = turn[0].index, "branch=refusal"
+            if target is None:
+                continue
+            source = self.effective_source.get(observation.message_index)
+            if source is not None and source < target:
+                self.add_edge(source, target, "+", "input", unit)
+            elif source is None:
+                self.direct[target] = self.direct.get(target, 0) + 1
+
+    def find_mismatch_recoveries(self) -> None:
+        """An action that reports an observed mismatch is an error-recovery action: ``+`` from the
+        action whose tool result showed it (the latest one holding an entity the report names, else
+        the latest successful result before it), unit ``mismatch=...``."""
+        latest_result: int | None = None
+        results_by_action: dict[int, list[int]] = {}
+        for message_index, (action, position) in self.call_of_result.items():
+            if self.failing_calls.get((action, position)) != message_index:
+                results_by_action.setdefault(action, []).append(message_index)
+        for action in self.actions:
+            if latest_result is not None and is_mismatch_report(action.content):
+                named = [a for a in atomize(action.content) if is_entity_atom(a)]
+                source, unit = latest_result, "mismatch"
+                for atom in named:
+                    probe = ArgUnit(atom, ((atom,),), "", -1)
+                    holders = [
+                        self.action_at_result(m)
+                        for m in self.occurrences(probe)
+                        if m < action.message_index and self.roles[m] == "tool" and self.is_clean_message(m)
+                    ]
+                    holders = [h for h in holders if h is not None and h < action.index]
+                    if holders:
+                        source, unit = max(holders), f"mismatch={atom}"
+                        break
+                self.add_edge(source, action.index, "+", "success_utilization", unit)
+            if action.index in results_by_action:
+                latest_result = action.index
+
+    def action_at_result(self, message_index: int) -> int | None:
+        call = self.call_of_result.get(message_index)
+        return call[0] if call is not None else None
 
     def find_choices(self) -> None:
         """Rule 6: a reply that picks one of the options its eliciting action listed."""
@@ -543,6 +725,12 @@ class _Tracer:
             options = parse_options(self.actions[chooser].content)
             if len(options) < 2 or is_affirmation(observation.content):
                 continue
+            if not _ASKS_TO_CHOOSE.search(self.actions[chooser].content):
+                continue  # a list inside a report or a summary offers nothing to choose from
+            if any(_OPEN_OPTION.search(option) for option in options) or _EXAMPLE_LEAD.search(
+                self.actions[chooser].content
+            ):
+                continue  # an open question ("... or something else?", "for example ...") takes a free answer
             option_atoms = [_content_atoms(option) for option in options]
             index = ordinal_choice(observation.content, len(options))
             if index is None:
@@ -552,9 +740,10 @@ class _Tracer:
                 if best == 0:
                     continue
                 if scores.count(best) > 1:
-                    self.reasons.append(
-                        f"U5 choice: reply at message {observation.message_index} matches several options"
-                    )
+                    if _CHOICE_WORDS.search(observation.content):
+                        self.reasons.append(
+                            f"U5 choice: reply at message {observation.message_index} matches several options"
+                        )
                     continue
                 index = scores.index(best)
             self.resolved_choices.add(observation.message_index)
@@ -581,10 +770,37 @@ class _Tracer:
         """
         if not distinctive:
             return None
-        for action in self.following_actions(after_message, same_turn=False):
+        index = self.acting_atoms()
+        start = bisect.bisect_right(self.action_messages, after_message)
+        lists = [index.get(atom, []) for atom in sorted(distinctive)]
+        tails = [iter(found[bisect.bisect_left(found, start) :]) for found in lists if found]
+        merged = heapq.merge(*tails)  # ascending: the first later call that acts on it
+        for candidate in itertools.islice(merged, MAX_SCANNED_CANDIDATES):
+            action = self.actions[candidate]
             if action.tool_calls and self.acts_on(action, distinctive, option):
                 return action.index
         return None
+
+    def acting_atoms(self) -> dict[str, list[int]]:
+        """Atom -> tool-call actions with a unit atom, an ``_``-part of one, or a tool-name part equal
+        to it (the actions :meth:`acts_on` can accept for an option holding that atom)."""
+        if self.acting_index is None:
+            index: dict[str, list[int]] = {}
+            for action in self.actions:
+                if not action.tool_calls:
+                    continue
+                atoms: set[str] = set()
+                for unit in self.action_units[action.index]:
+                    for atom in unit.key.split():
+                        atoms.add(atom)
+                        if "_" in atom:
+                            atoms.update(part for part in atom.split("_") if part.isalpha())
+                for call in action.tool_calls:
+                    atoms.update(part for part in call.name.lower().split("_") if part)
+                for atom in atoms:
+                    index.setdefault(atom, []).append(action.index)
+            self.acting_index = index
+        return self.acting_index
 
     def acts_on(self, action: Action, distinctive: set[str], option: set[str]) -> bool:
         for unit in self.action_units[action.index]:
@@ -603,49 +819,88 @@ class _Tracer:
         """Ids of the single smallest tool-result record (JSON object) holding all ``words``."""
         if not words:
             return set()
-        matches: list[tuple[int, frozenset[str]]] = []
-        for message_index in sorted(self.call_of_result):
-            if (
-                message_index >= before_message
-                or self.failing_calls.get(self.call_of_result[message_index]) == message_index
-            ):
-                continue
-            try:
-                parsed = json.loads(self.observation_at[message_index].content)
-            except (json.JSONDecodeError, ValueError):
-                continue
-            for size, tokens, ids in _records(parsed, None):
-                if words <= tokens and ids:
-                    matches.append((size, ids))
+        index = self.records_by_token()
+        rarest = min((index.get(word, []) for word in words), key=len)
+        end = bisect.bisect_left(rarest, (before_message,))  # entries are in message order
+        matches: list[tuple[int, frozenset[str]]] = [
+            (size, ids)
+            for _message, size, tokens, ids in rarest[max(0, end - MAX_SCANNED_CANDIDATES) : end]
+            if ids and words <= tokens
+        ]
         if not matches:
             return set()
         smallest = min(size for size, _ in matches)
         best = {ids for size, ids in matches if size == smallest}
         return set(next(iter(best))) if len(best) == 1 else set()
 
+    def records_by_token(self) -> dict[str, list[tuple[int, int, frozenset[str], frozenset[str]]]]:
+        """Token -> ``(message, size, tokens, ids)`` of every record of a successful tool result."""
+        if self.record_index is None:
+            index: dict[str, list[tuple[int, int, frozenset[str], frozenset[str]]]] = {}
+            for message_index in sorted(self.call_of_result):
+                if self.failing_calls.get(self.call_of_result[message_index]) == message_index:
+                    continue
+                for size, tokens, ids in self.result_records(message_index):
+                    entry = (message_index, size, tokens, ids)
+                    for token in tokens:
+                        index.setdefault(token, []).append(entry)
+            self.record_index = index
+        return self.record_index
+
+    def result_records(self, message_index: int) -> list[tuple[int, frozenset[str], frozenset[str]]]:
+        """``_records`` of a tool result's JSON (parsed once per message)."""
+        cached = self.records_cache.get(message_index)
+        if cached is None:
+            try:
+                cached = _records(json.loads(self.observation_at[message_index].content), None)
+            except (json.JSONDecodeError, ValueError, RecursionError):
+                cached = []
+            self.records_cache[message_index] = cached
+        return cached
+
     def find_unconsumed_replies(self) -> None:
-        """U4: an elicited, substantive user reply that no later tool call uses."""
+        """U4: an elicited user reply that no later tool call uses, when it carries entity values (ids,
+        numbers, dates, emails) or answers a proposal with something other than yes/no (a revision
+        of what is to be done). A reply of words only to a question (a report of what the user saw
+        or did: "Data Saver is off") binds nothing a call could take, so it is not a doubt."""
+        last_call_message = max((a.message_index for a in self.actions if a.tool_calls), default=-1)
+        last_use: dict[str, tuple[int, ArgUnit]] = {}  # unit key -> the latest consuming message
+        for action in self.actions:
+            for unit in self.action_units[action.index]:
+                last_use[unit.key] = (action.message_index, unit)
+        consumed: set[int] = set()
+        for consumer_message, unit in last_use.values():
+            for m in self.occurrences(unit):
+                if m >= consumer_message:
+                    break
+                if self.roles[m] == "user":
+                    consumed.add(m)
         for observation in self.trajectory.observations:
             if observation.role != "user" or self.effective_source.get(observation.message_index) is None:
+                continue
+            if observation.message_index > last_call_message or observation.message_index in consumed:
                 continue
             text = observation.content
             if observation.message_index in self.resolved_choices or is_affirmation(text) or is_polite_decline(text):
                 continue
             preceding = self.actions[observation.after_action - 1] if observation.after_action else None
-            if preceding is not None and is_rejection(text, is_proposal(preceding.content)):
+            if preceding is not None and is_rejection(
+                text, self.proposal(preceding.index), self.act_text(preceding.index)
+            ):
                 continue
-            if not [a for a in _content_atoms(text) if a not in TRIVIAL_VALUES]:
+            atoms = [a for a in _content_atoms(text) if a not in TRIVIAL_VALUES]
+            if not atoms:
                 continue
-            later = [a for a in self.following_actions(observation.message_index, same_turn=False) if a.tool_calls]
-            if not later:
-                continue
-            reply = self.texts[observation.message_index]
-            if any(reply.contains(u) for a in later for u in self.action_units[a.index]):
-                continue
+            source = self.effective_source[observation.message_index]
+            if not self.proposal(source) and not any(is_entity_atom(a) for a in atoms):
+                continue  # words only, answering a question (a report of a check): nothing a call takes
             self.reasons.append(
                 f"U4 unconsumed reply: user message {observation.message_index} elicited by action "
                 f"{self.effective_source[observation.message_index]} is used by no later call"
             )
+
+
+_REPLY_CLASS = frozenset({"user"})
 
 
 def _kind_class(kinds: set[str]) -> frozenset[str]:
@@ -663,6 +918,25 @@ def _kind_class(kinds: set[str]) -> frozenset[str]:
 def _is_read_tool(name: str) -> bool:
     head = name.lower().replace("-", "_").split("_", 1)[0]
     return head in READ_VERBS
+
+
+def _is_write_tool(name: str) -> bool:
+    """A call that changes something for the user (not a read, not the agent's own scratch tools)."""
+    return not _is_read_tool(name) and name.lower() not in _SCRATCH_TOOLS
+
+
+_SCRATCH_TOOLS = frozenset({"think", "calculate", "calculator", "compute"})
+_ASKS_TO_CHOOSE = re.compile(
+    r"\?|\b(which|choose|select|pick|prefer|let me know|would you like|do you want|please (tell|confirm|specify))\b",
+    re.IGNORECASE,
+)
+_OPEN_OPTION = re.compile(r"^\W*(something|anything) else\b|^\W*(an)?other\b|^\W*else\b|^\W*etc\b", re.IGNORECASE)
+_EXAMPLE_LEAD = re.compile(r"\b(for example|for instance|e\.g\.|such as)[^.?!]*\bor\b[^.?!]*\?", re.IGNORECASE)
+_CHOICE_WORDS = re.compile(
+    r"\b(i'?ll (take|go with)|i'?d (prefer|go with)|i (choose|pick|prefer) |let'?s go with|"
+    r"option|the one (with|for|that)|go with)\b",
+    re.IGNORECASE,
+)
 
 
 def _content_atoms(text: str) -> list[str]:
@@ -754,6 +1028,21 @@ def trace_rules(trajectory: Trajectory, *, tools: Sequence[Mapping[str, Any]] | 
     """Run the rules on one trajectory; the raw graph and the uncertainty reasons. May raise on
     content the rules do not handle -- :func:`annotate_rules` is the never-raising entry point."""
     return _Tracer(trajectory, tools).run()
+
+
+def uncertainty_reasons(trajectory: Trajectory, *, tools: Sequence[Mapping[str, Any]] | None = None) -> list[str]:
+    """Why the rules flag ``trajectory`` uncertain (``[]`` when they do not); never raises: should the
+    rules fail on it, the one reason is ``U7 exception: ...``."""
+    try:
+        return trace_rules(trajectory, tools=tools).uncertain_reasons
+    except Exception as exc:  # the contract is "never raise on odd content"
+        return [f"U7 exception: rules failed: {type(exc).__name__}: {exc}"]
+
+
+def reason_label(reason: str) -> str:
+    """The criterion of an uncertainty reason: ``"U4 unconsumed reply: user message 3 ..."`` ->
+    ``"U4 unconsumed reply"``."""
+    return reason.split(":", 1)[0].strip()
 
 
 def annotate_rules(

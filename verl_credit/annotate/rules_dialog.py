@@ -10,21 +10,32 @@ Assistant acts
       treated as unelicited (see ``rules.py``).
     * proposal -- asks the user to approve an action ("Shall I proceed?", "Would you like me to
       cancel it?", "Please confirm ...").
+    * refusal -- declines the user's request ("I'm sorry, but I can't ...", "unfortunately,
+      that is not allowed under our policy").
+    * mismatch -- reports that what a check returned does not match ("this doesn't match the line
+      I retrieved", "reservation X does not match the flight you described").
     * options -- an enumerated list (``1.`` / ``-`` / ``*`` / ``a)`` lines, two or more) or an
       inline alternative in a question ("To card or store credit?").
 
 User acts
     * affirmation ("yes", "go ahead", "please do", ...), at the start of the turn;
-    * rejection of the preceding action: an explicit phrase ("don't do that", "that's not what
-      I asked", "I didn't want ...", "why did you ...", "undo"), or a turn that starts with a
-      negative ("no", "nope", "don't", "stop", "cancel") answering a *proposal*. A goal revision
-      ("actually, make it an exchange instead") is not a rejection, nor is declining an offer
-      politely ("no thanks", "no, that's all").
+    * rejection of the preceding action: an explicit refusal of its proposal or its result -- an
+      imperative "don't do that" / "stop" / "do not proceed", "that's not what I asked", "I
+      didn't want ...", "why did you ...", "undo", "I said no", "that's wrong", or a turn that
+      starts with a negative ("no", "nope", "don't", "stop") answering a *proposal*. Not one: a
+      goal revision ("actually, make it an exchange instead"); a polite decline ("no thanks",
+      "no, that's all"); a statement about the user ("I don't have it", "I don't want to change
+      my plan" beside "I'm willing to refuel 2 GB": a partial decline that accepts the offer); an
+      agreement ("Yes, that sounds correct. Please go ahead"); a report that a check found
+      nothing ("Data Saver is off ... that's not the issue"); anything after a greeting or
+      closing (an opening complaint rejects nothing: ``rules.py`` does not ask).
+    * transfer request ("can I speak to a human / supervisor", "transfer me").
     * ordinal choice ("the second one", "the first option", "number 2", "the last one", "2").
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from typing import Any
@@ -33,52 +44,164 @@ __all__ = [
     "error_evidence",
     "is_affirmation",
     "is_generic_offer",
+    "is_mismatch_report",
     "is_polite_decline",
     "is_proposal",
+    "is_refusal",
     "is_rejection",
+    "is_transfer_request",
+    "is_transfer_tool",
     "ordinal_choice",
     "parse_options",
 ]
 
 _FLAGS = re.IGNORECASE
 
-_GENERIC_OFFER = re.compile(
+
+@functools.lru_cache(maxsize=4096)
+def _normalized(text: str) -> str:
+    """Lower case, curly quotes straightened: what every dialogue-act pattern is matched against."""
+    text = text.lower()
+    if "\u2019" in text or "\u2018" in text:
+        text = text.replace("\u2019", "'").replace("\u2018", "'")
+    if "\u201c" in text or "\u201d" in text:
+        text = text.replace("\u201c", '"').replace("\u201d", '"')
+    return text
+
+
+class _Pattern:
+    """A dialogue-act regular expression, matched case-insensitively on :func:`_normalized` text.
+
+    ``word_start``: every alternative of the pattern starts a word (or a quote or parenthesis),
+    which lets the matcher skip the inside of words -- several times faster on long texts.
+    """
+
+    __slots__ = ("regex",)
+
+    def __init__(self, pattern: str, word_start: bool = False):
+        if word_start:
+            pattern = r"(?<![a-z0-9_])(?=[a-z0-9(\"'])(?:" + pattern + ")"
+        self.regex = re.compile(pattern)
+
+    def search(self, text: str) -> re.Match[str] | None:
+        return self.regex.search(_normalized(text))
+
+
+_GENERIC_OFFER = _Pattern(
     r"how (can|may|could|might) i (help|assist)|what can i (do|help)|anything else|something else i can|"
     r"have a (great|good|nice|wonderful|lovely) (day|one|evening|weekend)|\bgoodbye\b|\bbye\b|"
     r"glad (i|to) (could |was able to )?help|you'?re (very )?welcome|"
     r"let me know if (you need|there'?s|there is|i can) (anything|something|help)|feel free to (reach out|contact|ask)",
-    _FLAGS,
+    word_start=True,
 )
-_SPECIFIC_REQUEST = re.compile(
+_SPECIFIC_REQUEST = _Pattern(
     r"\b(provide|share|specify|choose|select|tell me|send me|give me)\b|which (one|option|item|order|product)|"
     r"what is your|what'?s your|could you (give|tell|share|provide|confirm)|can you (give|tell|share|provide|confirm)|"
     r"\byour (email|name|zip|order id|order number|user id|address|phone)",
-    _FLAGS,
+    word_start=True,
 )
-_PROPOSAL = re.compile(
-    r"\b(shall|should|may|can) i (go ahead|proceed|process|cancel|refund|submit|place|make|update|change|modify|"
-    r"exchange|return|book|apply|issue|do that|continue)|would you like me to|do you want me to|want me to go ahead|"
-    r"(do|would) you (like|want|wish) to proceed|please confirm|confirm (that|if|whether|you)|"
-    r"(can|could) you confirm|is (that|this) (correct|right|ok|okay|alright)|\bproceed\s*\?|go ahead\s*\?|"
-    r"\b(ok|okay) to proceed",
-    _FLAGS,
+_PROPOSAL = _Pattern(
+    r"\b(shall|should|may|can) (i|we) (go ahead|proceed|process|cancel|refund|submit|place|make|update|change|modify|"
+    r"exchange|return|book|apply|issue|do that|continue|add|remove|send|transfer|suspend|resume|enable|disable|"
+    r"refuel|charge|upgrade|downgrade)|would you like (me|us) to|do you want (me|us) to|want me to go ahead|"
+    r"(do|would) you (like|want|wish) to (proceed|go ahead|continue|confirm)|please confirm|"
+    r"confirm (that|if|whether|you)|"
+    r"(can|could) you (please )?confirm|is (that|this|everything) (correct|right|ok|okay|alright)|\bproceed\s*\?|"
+    r"go ahead\s*\?|\b(ok|okay) to proceed|(reply|respond|answer|confirm) (with )?[\"'\u201c]?yes\b|"
+    r"\bsay [\"'\u201c]?yes\b|\(yes/no\)|\byes or no\b|are you sure|do you (agree|approve|authori[sz]e|consent)|"
+    r"(does|do) (that|this|these|everything) (sound|look)s? (good|right|correct|ok|okay|fine)|"
+    r"let me know if (you'?d like|you want) (me )?to (proceed|go ahead|continue)|"
+    r"(would|do) you (like|want) (me )?to (go ahead|proceed) with",
+    word_start=True,
 )
-_AFFIRMATION = re.compile(
+_AFFIRMATION = _Pattern(
     r"^\W*(yes|yeah|yep|yup|sure|ok|okay|correct|confirm(ed)?|i confirm|please do|please proceed|go ahead|"
-    r"proceed|do it|that'?s (right|correct|fine|good)|sounds good|absolutely|definitely|right|exactly|of course)\b",
-    _FLAGS,
+    r"proceed|do it|that'?s (right|correct|fine|good|perfect)|sounds good|absolutely|definitely|right|exactly|"
+    r"of course|perfect|great|alright|all right)\b"
 )
-_EXPLICIT_REJECTION = re.compile(
-    r"\b(don'?t|do not|never|stop)\b[^.!?]{0,25}\b(do|doing|cancel|cancell?ing|refund|refunding|proceed|process|"
-    r"change|changing|charge|charging|submit|that|this|it)\b|that'?s (not|wrong|incorrect)|"
-    r"not what i (asked|wanted|meant|said|requested)|i (didn'?t|did not|never) (ask|want|say|request|authori[sz]e)|"
-    r"why did you|\bundo\b|\bcancel that\b|\bi said no\b",
-    _FLAGS,
+# affirmation after a short preamble ("Thanks! Yes, please go ahead", "That all looks correct. Please proceed.")
+_AFFIRMATION_ANYWHERE = _Pattern(
+    r"\b(please (go ahead|proceed|do (it|that|so)|book|cancel|add|apply|process|make|submit|update|refuel|"
+    r"transfer|charge|send|confirm)|go ahead (and|with)|you can (go ahead|proceed)|let'?s (do|go with|proceed|"
+    r"go ahead)|i (confirm|approve|authori[sz]e|agree)|i'?d like to (confirm|proceed|go ahead)|"
+    r"(that|this|it|everything) (all )?(looks|sounds|is) (good|correct|right|perfect|great|fine)|"
+    r"yes,? please|(that|this) works( for me)?)\b",
+    word_start=True,
 )
-_NEGATIVE_START = re.compile(r"^\W*(no|nope|nah|don'?t|do not|stop|cancel|never)\b", _FLAGS)
-_POLITE_DECLINE = re.compile(
-    r"^\W*no\W*(thanks?|thank you)\W*$|that'?s all|that is all|nothing else|i'?m good|all set|i'?m fine", _FLAGS
+_PREAMBLE = _Pattern(r"^\W*(thanks|thank you|great|perfect|ok|okay|alright|all right|got it|understood)\b")
+# an imperative refusal of what the agent does or proposes, at the start of a sentence
+_IMPERATIVE_REJECTION = _Pattern(
+    r"(^|[.!?;]\s+|\bno,?\s+|\bplease\s+|\bwait,?\s+|\bbut\s+)(don'?t|do not|never|stop|hold on,? don'?t)\s+"
+    r"(do|doing|cancel|cancell?ing|refund|refunding|proceed|process|change|changing|charge|charging|submit|"
+    r"book|booking|transfer|transferring|apply|applying|add|adding|remove|removing|modify|modifying|update|"
+    r"updating|suspend|touch|go ahead|that|this|it)\b"
 )
+_EXPLICIT_REJECTION = _Pattern(
+    r"\bthat'?s (wrong|incorrect|not (right|correct))\b|"
+    r"\b(this|that|it) (is|was) (wrong|incorrect|not (right|correct))\b|"
+    r"not what i('?m| am| was)? (asked|wanted|want|meant|mean|said|requested|need|needed|looking for)|"
+    r"\b(that|this|it) (doesn'?t|does not|didn'?t) (sound|look|seem) (right|correct)\b|"
+    r"\bi (didn'?t|did not|never) (ask|say|request|authori[sz]e|agree|approve|want)\b|"
+    r"\bwhy did you\b|\bundo (that|this|it)\b|(^|[.!?]\s+)(no,? )?cancel that\b(?! one)|\bi said no\b|"
+    r"\bi (said|told you) (not|no)\b|"
+    r"\bi do not (authori[sz]e|approve|agree)\b|\bi don'?t (authori[sz]e|approve|agree to)\b|"
+    r"\bi don'?t want (you to|that|this|it)\b|\bi do not want (you to|that|this|it)\b",
+    word_start=True,
+)
+# "No," / "Nope." / "No -" (an interjection), not "No checked bags" (a determiner answering a question)
+_NEGATIVE_START = _Pattern(
+    r"^\W*((no|nope|nah)\b(?=\s*([,.!;:\u2014\u2013-]|$))|(nope|nah|don'?t|do not|stop|never)\b)"
+)
+_NOT_A_REFUSAL_START = _Pattern(
+    r"^\W*no\W+(problem|worries|need to worry|rush|that'?s (right|correct|fine|perfect))\b|"
+    r"^\W*no,? (it|that) (is|was) (right|correct)"
+)
+_POLITE_DECLINE = _Pattern(
+    r"^\W*no\W*(thanks?|thank you)\W*$|that'?s all|that is all|nothing else|i'?m good|all set|i'?m fine"
+)
+# the turn accepts (part of) the offer: a decline in it is partial ("I'm willing to refuel 2 GB ... not the plan")
+_ACCEPTS = _Pattern(
+    r"\b(i'?m willing to|i'?ll (take|go with)|let'?s (do|go with|just|keep|proceed)|(can|could) you (please )?"
+    r"(help me with|add|go ahead)|please (add|go ahead|proceed|book|apply)|go ahead|sounds (good|great|fine)|"
+    r"(that|this) works|yes\b)",
+    word_start=True,
+)
+# the turn asks the agent to do something else (with a "don't <verb>" that answers a question: a choice)
+_ASKS_FOR = _Pattern(
+    r"\b((can|could) you (please )?(cancel|book|change|apply|remove|update|process|keep|add)|"
+    r"please (cancel|keep|book|change|add)|let'?s keep)\b",
+    word_start=True,
+)
+_REFUSAL = _Pattern(
+    r"\b(i'?m|i am|we'?re|we are) (sorry|afraid)\b[^.!?]{0,40}\b(can'?t|cannot|unable|not able|won'?t be able|"
+    r"not allowed|"
+    r"not permitted|not possible|not eligible)|\bunfortunately\b[^.!?]{0,80}\b(can'?t|cannot|unable|not able|"
+    r"won'?t be able|not (allowed|permitted|possible|eligible)|isn'?t (allowed|permitted|possible|eligible)|"
+    r"doesn'?t (allow|permit|qualify))|\b(i|we) (can'?t|cannot|am unable to|are unable to|am not able to|"
+    r"won'?t be able to|am not allowed to|am not permitted to) (help|assist|do|process|modify|change|cancel|"
+    r"refund|offer|provide|issue|make|grant|approve|add|remove|book|waive|apply|compensate|transfer|accommodate)|"
+    r"\b(not|isn'?t) (allowed|permitted|eligible) (under|by|per|according to) (our|the) polic|"
+    r"\b(our|the) polic(y|ies) (does not|doesn'?t|do not|don'?t) (allow|permit)|\bagainst (our|the) polic",
+    word_start=True,
+)
+_MISMATCH = _Pattern(
+    r"\b(does not|doesn'?t|did not|didn'?t|do not|don'?t|no longer|neither|none of [^.!?]{0,60}?)\s+"
+    r"(seem to |appear to )?(match|correspond|line up|agree with)\b|\b(is|are|was|were) not a match\b|\bmismatch|"
+    r"\b(there is|there'?s|i (see|notice|found)) "
+    r"(a|an|some) (discrepanc|inconsisten|mismatch)|\bis (different|not the same) (from|as|than) (the|what|your)\b|"
+    r"\b(is|are|was|were) not (directly )?(associated|linked|tied|registered) (with|to)\b|"
+    r"\b(isn'?t|aren'?t|wasn'?t|weren'?t) (directly )?(associated|linked|tied|registered) (with|to)\b|"
+    r"\b(doesn'?t|does not|didn'?t|did not) belong to\b",
+    word_start=True,
+)
+_TRANSFER_REQUEST = _Pattern(
+    r"\b(speak|talk|chat)(ing)? (to|with) (a |an |the |your )?(human|real person|person|supervisor|manager|"
+    r"representative|agent|someone)|\btransfer (me|us)\b|\b(human|live) (agent|representative|person)\b|"
+    r"\bescalate\b|\bsupervisor\b|\bmanager\b",
+    word_start=True,
+)
+_TRANSFER_TOOL = re.compile(r"transfer|escalat|hand_?off|human", _FLAGS)
+_EXAMPLES = re.compile(r"\((?:e\.g\.|eg\b|for example|such as|like)[^)]*\)", _FLAGS)
 _ENUM_LINE = re.compile(r"^\s*(?:\d{1,2}[.)]|[-*\u2022]|[a-h][.)])\s+(.+?)\s*$")
 _ORDINALS = {
     "first": 0,
@@ -104,10 +227,10 @@ _ORDINALS = {
     "last": -1,
 }
 _ORDINAL_WORD = "(" + "|".join(_ORDINALS) + ")"
-_ORDINAL_RE = re.compile(
-    rf"\bthe {_ORDINAL_WORD}\b|\b{_ORDINAL_WORD} (one|option|choice|item|slot|order)\b|^\W*{_ORDINAL_WORD}\b", _FLAGS
+_ORDINAL_RE = _Pattern(
+    rf"\bthe {_ORDINAL_WORD}\b|\b{_ORDINAL_WORD} (one|option|choice|item|slot|order)\b|^\W*{_ORDINAL_WORD}\b"
 )
-_NUMBERED_RE = re.compile(r"\b(?:option|number|no\.|choice|#)\s*(\d{1,2})\b|^\W*(\d{1,2})\W*$", _FLAGS)
+_NUMBERED_RE = _Pattern(r"\b(?:option|number|no\.|choice|#)\s*(\d{1,2})\b|^\W*(\d{1,2})\W*$")
 
 _ERROR_START = re.compile(r"^\W*(error|exception|traceback|failed|failure|fatal|invalid)\b", _FLAGS)
 _ERROR_ANYWHERE = re.compile(
@@ -140,8 +263,16 @@ def is_proposal(text: str) -> bool:
 
 
 def is_affirmation(text: str) -> bool:
-    """A user turn that starts by saying yes (and does not reject anything)."""
-    return bool(text) and bool(_AFFIRMATION.search(text)) and not _EXPLICIT_REJECTION.search(text)
+    """A user turn that says yes (at its start, or after a short "thanks"/"great" preamble, or by an
+    explicit "please go ahead" / "that all looks correct"), and rejects nothing."""
+    if not text or _EXPLICIT_REJECTION.search(text) or _IMPERATIVE_REJECTION.search(text):
+        return False
+    if _AFFIRMATION.search(text) and not _NEGATIVE_START.search(text):
+        return True
+    head = re.split(r"(?<=[.!?])\s+", text.strip())
+    if len(head) > 1 and _PREAMBLE.search(head[0]) and _AFFIRMATION.search(head[1]):
+        return True
+    return bool(_AFFIRMATION_ANYWHERE.search(text)) and not _NEGATIVE_START.search(text)
 
 
 def is_polite_decline(text: str) -> bool:
@@ -149,15 +280,65 @@ def is_polite_decline(text: str) -> bool:
     return bool(text) and bool(_POLITE_DECLINE.search(text))
 
 
-def is_rejection(text: str, preceding_is_proposal: bool) -> bool:
-    """A user turn that rejects the preceding action (see the module docstring for the exact rule)."""
+def is_rejection(text: str, preceding_is_proposal: bool, preceding_text: str | None = None) -> bool:
+    """A user turn that rejects the preceding action (see the module docstring for the exact rule).
+
+    An explicit refusal phrase rejects whatever preceded. An imperative "don't <verb>" rejects it
+    when the verb is what the preceding action did or proposed (``preceding_text``: its text and
+    tool names, when given; "don't do that" always), the turn does not start by saying yes, and --
+    unless the action already did it ("transferred") -- the turn accepts nothing else ("Yes,
+    cancel A -- please don't touch C", "keep B, don't cancel it; could you cancel D?" answer a
+    question: a choice). A turn that starts with
+    a negative rejects only a *proposal* (a counter-offer after "No, ..." still refuses it), and not
+    when it is a polite decline or "no problem".
+    """
     if not text:
         return False
     if _EXPLICIT_REJECTION.search(text):
         return True
-    if preceding_is_proposal and _NEGATIVE_START.search(text) and not _POLITE_DECLINE.search(text):
-        return True
-    return False
+    starts_with_yes = bool(_AFFIRMATION.search(text)) and not _NEGATIVE_START.search(text)
+    if not starts_with_yes:
+        before = _normalized(preceding_text) if preceding_text is not None else None
+        for match in _IMPERATIVE_REJECTION.regex.finditer(_normalized(text)):
+            verb = match.group(3)
+            if before is None or verb in _GENERIC_OBJECTS:
+                return True
+            if verb[:5] not in before:
+                continue  # "don't transfer me" when nobody mentioned a transfer: a wish, not a refusal
+            done = re.search(
+                rf"\b(being|been|have|has|i've|we've|was|were|am|is|are|i'm|we're|now|will be)\s+"
+                rf"{re.escape(verb[:5])}\w*(ed|ing)\b|\b{re.escape(verb[:5])}\w*\(",
+                before,
+            )
+            if done or not (_ACCEPTS.search(text) or _ASKS_FOR.search(text)):
+                return True  # refuses what was done, or refuses the proposal and accepts nothing
+            # else: "don't cancel A, cancel B" answering "which should I cancel?" -- a choice
+    if not preceding_is_proposal or not _NEGATIVE_START.search(text):
+        return False
+    return not (_POLITE_DECLINE.search(text) or _NOT_A_REFUSAL_START.search(text))
+
+
+_GENERIC_OBJECTS = frozenset({"do", "doing", "that", "this", "it", "go ahead", "proceed"})
+
+
+def is_refusal(text: str) -> bool:
+    """Assistant text that declines the user's request ("I'm sorry, but I can't ...")."""
+    return bool(text) and bool(_REFUSAL.search(text))
+
+
+def is_mismatch_report(text: str) -> bool:
+    """Assistant text that reports an observed mismatch ("this doesn't match the line I retrieved")."""
+    return bool(text) and bool(_MISMATCH.search(text))
+
+
+def is_transfer_request(text: str) -> bool:
+    """A user turn that asks for a human agent, a supervisor or a transfer."""
+    return bool(text) and bool(_TRANSFER_REQUEST.search(text))
+
+
+def is_transfer_tool(name: str) -> bool:
+    """A tool that hands the conversation over (``transfer_to_human_agents``, ``escalate``, ...)."""
+    return bool(name) and bool(_TRANSFER_TOOL.search(name))
 
 
 def parse_options(text: str) -> list[str]:
@@ -166,12 +347,14 @@ def parse_options(text: str) -> list[str]:
     Inline: in the last question that holds "or", a list ``A, B, or C`` gives its comma parts,
     otherwise the comma clause holding "or" is split on "or"; leading stopwords are dropped
     ("Would you like it on your card or store credit?" -> ``["card", "store credit"]``).
+    Examples in parentheses ("the reason (e.g., change of plans, or other)?") are not options.
     """
     if not text:
         return []
     lines = [m.group(1) for m in (_ENUM_LINE.match(line) for line in text.splitlines()) if m]
     if len(lines) >= 2:
         return lines
+    text = _EXAMPLES.sub("", text)
     questions = [q for q in re.split(r"(?<=[?])\s+|\n", text) if q.strip().endswith("?")]
     for question in reversed(questions):
         sentence = re.split(r"(?<=[.!:;])\s+", question.strip())[-1].rstrip("?").strip()

@@ -27,6 +27,7 @@ Units
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Iterator
@@ -35,15 +36,19 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 __all__ = [
+    "FREE_TEXT_NAMES",
     "STOPWORDS",
     "TRIVIAL_VALUES",
     "ArgUnit",
+    "DateContext",
     "IndexedText",
+    "OccurrenceIndex",
     "atomize",
     "canonical_call_signature",
     "extract_units",
     "extract_units_from_raw",
     "is_entity_atom",
+    "is_free_text_argument",
     "normalize_atom",
 ]
 
@@ -115,11 +120,29 @@ def normalize_atom(atom: str) -> str:
     return atom
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _normalize_cached(atom: str) -> str:
+    return normalize_atom(atom)
+
+
+def _atomize_cached(text: str) -> list[str]:
+    """:func:`atomize` with the long texts every trajectory of a task repeats (system prompt, tool
+    list) remembered."""
+    if len(text) < 2000:
+        return atomize(text)
+    return list(_atomize_long(text))
+
+
+@functools.lru_cache(maxsize=64)
+def _atomize_long(text: str) -> tuple[str, ...]:
+    return tuple(atomize(text))
+
+
 def atomize(text: str) -> list[str]:
     """Text -> normalised atoms, in order. ``"3 pm"`` (a number then am/pm) becomes one time atom."""
     atoms: list[str] = []
     for raw in _ATOM_RE.findall(text or ""):
-        atom = normalize_atom(raw)
+        atom = _normalize_cached(raw)
         if not atom:
             continue
         if atom in ("am", "pm", "a.m", "p.m") and atoms and atoms[-1].isdigit():
@@ -155,14 +178,197 @@ class ArgUnit:
     call: int
 
 
+_MONTHS = {
+    "jan": 1, "january": 1, "feb": 2, "february": 2, "mar": 3, "march": 3, "apr": 4, "april": 4, "may": 5,
+    "jun": 6, "june": 6, "jul": 7, "july": 7, "aug": 8, "august": 8, "sep": 9, "sept": 9, "september": 9,
+    "oct": 10, "october": 10, "nov": 11, "november": 11, "dec": 12, "december": 12,
+}  # fmt: skip
+_ORDINAL_DAY = re.compile(r"(\d{1,2})(st|nd|rd|th)?")
+_SLASH_DATE = re.compile(r"(?<![\d/])(\d{1,2})/(\d{1,2})(?:/((?:19|20)?\d{2}))?(?![\d/])")
+_ISO_DATE = re.compile(r"((?:19|20)\d{2})-(\d{2})-\d{2}(?:t.*)?")
+_NUMBER_WORDS = {
+    "zero": 0, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9,
+    "ten": 10, "eleven": 11, "twelve": 12, "thirteen": 13, "fourteen": 14, "fifteen": 15, "sixteen": 16,
+    "seventeen": 17, "eighteen": 18, "nineteen": 19, "twenty": 20, "thirty": 30, "forty": 40, "fifty": 50,
+    "sixty": 60, "seventy": 70, "eighty": 80, "ninety": 90,
+}  # fmt: skip
+_SCALES = {"hundred": 100, "thousand": 1000, "million": 1_000_000}
+
+
+def _spelled_value(words: list[str]) -> int | None:
+    total, current = 0, 0
+    for word in words:
+        if word in _NUMBER_WORDS:
+            current += _NUMBER_WORDS[word]
+        else:
+            current = max(current, 1) * _SCALES[word]
+            if _SCALES[word] >= 1000:
+                total, current = total + current, 0
+    return total + current
+
+
+class DateContext:
+    """What the conversation so far fixes for dates in words: the latest year and month mentioned."""
+
+    __slots__ = ("month", "year")
+
+    def __init__(self) -> None:
+        self.year: int | None = None
+        self.month: int | None = None
+
+
+def _day_of(atom: str) -> int | None:
+    match = _ORDINAL_DAY.fullmatch(atom)
+    if match is None:
+        return None
+    day = int(match.group(1))
+    return day if 1 <= day <= 31 else None
+
+
+def _year_of(atom: str) -> int | None:
+    if len(atom) == 4 and atom.isdigit() and atom[:2] in ("19", "20"):
+        return int(atom)
+    return None
+
+
+def derived_atoms(
+    text: str, context: DateContext | None = None, atoms: list[str] | None = None
+) -> tuple[set[str], set[str]]:
+    """``(added, date_days)`` for one text: ISO atoms of its dates in words and values of its spelled
+    numbers; the day atoms that stand inside its dates in prose (and nowhere else in it).
+
+    ``context`` supplies the year (and, for "the 21st", the month) a date leaves out and is updated
+    with the latest ones the text mentions. Works on the text's atoms (``atoms`` when given).
+    """
+    added: set[str] = set()
+    day_uses: dict[str, int] = {}
+    if not text:
+        return added, set()
+    context = context if context is not None else DateContext()
+    atoms = atoms if atoms is not None else atomize(text)
+    count = len(atoms)
+    latest_year: int | None = None
+    spelled: list[str] = []
+
+    def flush_spelled() -> None:
+        if spelled:
+            value = _spelled_value(spelled)
+            if value is not None and value >= 10:
+                added.add(str(value))
+            spelled.clear()
+
+    def date(month: int, day_atom: str, year: int | None) -> None:
+        day = _day_of(day_atom)
+        if day is None:
+            return
+        context.month = month
+        day_uses[day_atom] = day_uses.get(day_atom, 0) + 1
+        chosen = year if year is not None else context.year
+        if chosen is not None:
+            added.add(f"{chosen:04d}-{month:02d}-{day:02d}")
+
+    for position, atom in enumerate(atoms):
+        if atom.isalpha():
+            if atom in _NUMBER_WORDS or atom in _SCALES:
+                spelled.append(atom)
+                continue
+            if spelled and atom != "and":
+                flush_spelled()
+            month = _MONTHS.get(atom)
+            if month is not None and position + 1 < count and _day_of(atoms[position + 1]) is not None:
+                tail = _year_of(atoms[position + 2]) if position + 2 < count else None
+                date(month, atoms[position + 1], tail)  # "May 26", "October 5th, 2024"
+            continue  # a plain word
+        if "_" in atom and any(ch.isalpha() for ch in atom):
+            parts = atom.split("_")
+            if all(part in _NUMBER_WORDS or part in _SCALES for part in parts):  # "twenty_five"
+                spelled.extend(parts)
+                continue
+        flush_spelled()
+        if not atom[0].isdigit():
+            continue
+        if len(atom) >= 10 and "-" in atom:
+            iso = _ISO_DATE.fullmatch(atom)
+            if iso is not None:
+                latest_year = int(iso.group(1))
+            continue
+        year = _year_of(atom)
+        if year is not None:
+            latest_year = year
+            continue
+        if len(atom) > 4:
+            continue
+        if position + 1 < count and (atoms[position + 1] in _MONTHS or atoms[position + 1] == "of"):
+            following, after = atoms[position + 1], position + 2
+            if following == "of" and position + 2 < count:
+                following, after = atoms[position + 2], position + 3
+            month_after = _MONTHS.get(following)
+            preceded_by_month = position > 0 and atoms[position - 1] in _MONTHS
+            if month_after is not None and not preceded_by_month and _day_of(atom) is not None:
+                tail = _year_of(atoms[after]) if after < count else None
+                date(month_after, atom, tail)  # "26 May", "5th of October 2024"
+                continue
+        if (
+            atom[-2:] in ("st", "nd", "rd", "th")
+            and position > 0
+            and atoms[position - 1] == "the"
+            and context.month is not None
+            and _day_of(atom) is not None
+        ):
+            date(context.month, atom, None)  # "the 21st": the month of the latest date mentioned
+    flush_spelled()
+    if "/" in text:
+        for match in _SLASH_DATE.finditer(text):
+            month, day = int(match.group(1)), int(match.group(2))
+            year_text = match.group(3)
+            year = int(("20" + year_text) if year_text and len(year_text) == 2 else year_text) if year_text else None
+            chosen = year if year is not None else context.year
+            if 1 <= month <= 12 and 1 <= day <= 31 and chosen is not None:
+                added.add(f"{chosen:04d}-{month:02d}-{day:02d}")
+    if latest_year is not None:
+        context.year = latest_year
+    occurrences: dict[str, int] = {}
+    for atom in atoms:
+        if atom in day_uses:
+            occurrences[atom] = occurrences.get(atom, 0) + 1
+    days = {atom for atom, uses in day_uses.items() if occurrences.get(atom, 0) <= uses}
+    return added, days
+
+
+@functools.lru_cache(maxsize=64)
+def _derived_long(
+    text: str, year: int | None, month: int | None
+) -> tuple[frozenset[str], frozenset[str], int | None, int | None]:
+    context = DateContext()
+    context.year, context.month = year, month
+    added, days = derived_atoms(text, context, list(_atomize_long(text)))
+    return frozenset(added), frozenset(days), context.year, context.month
+
+
 class IndexedText:
-    """A message's text prepared for unit look-ups (atom set plus the space-joined sequence)."""
+    """A message's text prepared for unit look-ups (atom set plus the space-joined sequence).
+
+    ``derived`` atoms (dates in words as ISO dates, spelled numbers; :func:`derived_atoms`) count for
+    single-atom units; the day number of a date in prose does not (``"May 15"`` is not ``15``).
+    """
 
     __slots__ = ("atom_set", "atoms", "joined")
 
-    def __init__(self, text: str):
-        self.atoms = atomize(text)
-        self.atom_set = frozenset(self.atoms)
+    def __init__(self, text: str, context: DateContext | None = None):
+        self.atoms = _atomize_cached(text) if text else []
+        if not text:
+            added, days = set(), set()
+        elif len(text) >= 2000:
+            year, month = (context.year, context.month) if context is not None else (None, None)
+            added, days, year, month = _derived_long(text, year, month)
+            if context is not None:
+                context.year, context.month = year, month
+        else:
+            added, days = derived_atoms(text, context, self.atoms)
+        atom_set = set(self.atoms)
+        atom_set -= days
+        atom_set |= added
+        self.atom_set = frozenset(atom_set)
         self.joined = " " + " ".join(self.atoms) + " "
 
     def contains(self, unit: ArgUnit) -> bool:
@@ -173,6 +379,72 @@ class IndexedText:
             elif " " + " ".join(variant) + " " in self.joined:
                 return True
         return False
+
+
+class OccurrenceIndex:
+    """Which of a list of texts contain a unit, by an inverted index atom -> text positions.
+
+    ``find(unit)`` is the ascending list of positions whose text contains ``unit`` -- the same answer
+    as testing every text, in time proportional to the texts holding the unit's rarest atom.
+    """
+
+    def __init__(self, texts: list[IndexedText], unindexed: frozenset[int] = frozenset()):
+        self.texts = texts
+        self.by_atom: dict[str, list[int]] = {}
+        self.unindexed = sorted(unindexed)  # tested one by one (a long system prompt: cheaper than indexing)
+        for position, text in enumerate(texts):
+            if position in unindexed:
+                continue
+            for atom in text.atom_set:
+                self.by_atom.setdefault(atom, []).append(position)
+        self.cache: dict[str, list[int]] = {}
+
+    def find(self, unit: ArgUnit) -> list[int]:
+        cached = self.cache.get(unit.key)
+        if cached is not None:
+            return cached
+        found: set[int] = set()
+        for variant in unit.variants:
+            if len(variant) == 1:
+                found.update(self.by_atom.get(variant[0], ()))
+                continue
+            lists = [self.by_atom.get(atom, ()) for atom in variant]
+            rarest = min(lists, key=len)
+            for position in rarest:
+                if position not in found and self.texts[position].contains(ArgUnit(unit.key, (variant,), "", 0)):
+                    found.add(position)
+        found.update(position for position in self.unindexed if self.texts[position].contains(unit))
+        result = sorted(found)
+        self.cache[unit.key] = result
+        return result
+
+
+#: argument names (or ``_``-separated parts of them) that hold prose for a reader, not a value
+FREE_TEXT_NAMES = frozenset(
+    """summary summaries reason reasons note notes description descriptions comment comments message messages
+    explanation explanations thought thoughts remark remarks feedback justification rationale memo context
+    narrative instructions""".split()
+)
+_CONSTRAINING_KEYS = ("enum", "const", "format", "pattern")
+
+
+def is_free_text_argument(name: str, schema: Any = None, value: Any = None) -> bool:
+    """A free-text argument: its name says prose (:data:`FREE_TEXT_NAMES`: the name, or its last
+    ``_``-part, as in ``cancel_reason``) and its JSON schema (the argument's property schema) gives
+    no ``enum``, ``const``, ``format`` or ``pattern``. Without a schema (``schema`` None) only a
+    ``value`` that is prose (longer than a whole-value unit: over 64 characters or 5 atoms)
+    counts: a short ``reason="no longer needed"`` may be an enum the schema would have named."""
+    lowered = str(name).lower()
+    parts = [part for part in re.split(r"[_\-\s.]+", lowered) if part]
+    if not parts or not (lowered in FREE_TEXT_NAMES or parts[-1] in FREE_TEXT_NAMES):
+        return False
+    if isinstance(schema, dict):
+        for option in [schema, *(schema.get("anyOf") or []), *(schema.get("oneOf") or [])]:
+            if isinstance(option, dict) and any(option.get(key) is not None for key in _CONSTRAINING_KEYS):
+                return False
+        return True
+    text = str(value).strip() if value is not None else ""
+    return len(text) > MAX_WHOLE_VALUE_CHARS or len(atomize(text)) > MAX_WHOLE_VALUE_ATOMS
 
 
 def _unit_from_atoms(atoms: list[str], label: str, call: int) -> ArgUnit | None:
@@ -240,9 +512,23 @@ def _dedupe(units: Iterator[ArgUnit]) -> list[ArgUnit]:
     return out
 
 
-def extract_units(arguments: dict[str, Any], call: int = 0) -> list[ArgUnit]:
-    """The information units of one tool call's parsed arguments, first occurrence of each key kept."""
-    return _dedupe(_leaf_units(arguments, "", call))
+def extract_units(arguments: dict[str, Any], call: int = 0, properties: dict[str, Any] | None = None) -> list[ArgUnit]:
+    """The information units of one tool call's parsed arguments, first occurrence of each key kept.
+
+    A top-level free-text argument (:func:`is_free_text_argument`; ``properties`` is the tool
+    schema's ``properties`` when known) gives none.
+    """
+    if not isinstance(arguments, dict):
+        return _dedupe(_leaf_units(arguments, "", call))
+    properties = properties if isinstance(properties, dict) else {}
+
+    def generate() -> Iterator[ArgUnit]:
+        for key, value in arguments.items():
+            if isinstance(value, str) and is_free_text_argument(key, properties.get(key), value):
+                continue
+            yield from _leaf_units(value, str(key), call)
+
+    return _dedupe(generate())
 
 
 def extract_units_from_raw(raw_arguments: str, call: int = 0) -> list[ArgUnit]:

@@ -2,12 +2,18 @@
 
 A record that carries its own ``graph`` keeps it (validated, ``source = "given"``); every other
 trajectory goes to the chosen annotator, behind the sqlite cache when ``--cache`` is given.
+
+Each line of the graphs JSONL also says whether the trajectory is ``uncertain`` (the rule
+annotator's flag, DESIGN.md section 5: the hybrid annotator escalates these) and, when it is, the
+``uncertain_reasons`` (the rules' criteria ``U1`` .. ``U7`` with what triggered them); the summary
+counts uncertain trajectories by criterion.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections import Counter
 from typing import Any
 
 from tqdm import tqdm
@@ -124,6 +130,47 @@ def format_summary(stats: AnnotationStats, results: list[AnnotationResult], anno
     return lines
 
 
+def _rule_tools(annotator: Annotator) -> Any:
+    """The tool list the rule annotator inside ``annotator`` checks against (None: each record's own)."""
+    inner = getattr(annotator, "inner", annotator)
+    rules = getattr(inner, "rules", inner)
+    return getattr(rules, "tools", None)
+
+
+def uncertainty_of(trajectory: Any, result: AnnotationResult, tools: Any = None) -> list[str]:
+    """The reasons behind ``result.uncertain`` (``[]`` when it is not set): a recorded rules failure
+    (``U7``), else the rules' own criteria for this trajectory."""
+    if not result.uncertain:
+        return []
+    from verl_credit.annotate.rules import uncertainty_reasons
+
+    recorded = [p for p in result.validation.problems if p.startswith("U7")]
+    if recorded:
+        return recorded
+    return uncertainty_reasons(trajectory, tools=tools) or ["unspecified: the annotator set the flag"]
+
+
+def with_uncertainty(record: dict[str, Any], reasons: list[str], uncertain: bool) -> dict[str, Any]:
+    record["uncertain"] = bool(uncertain)
+    record["uncertain_reasons"] = reasons
+    return record
+
+
+def format_uncertainty(all_reasons: list[list[str]], total: int) -> list[str]:
+    """Summary lines: uncertain trajectories, and how many of them each criterion flagged."""
+    from verl_credit.annotate.rules import reason_label
+
+    flagged = sum(bool(reasons) for reasons in all_reasons)
+    by_reason: Counter[str] = Counter()
+    for reasons in all_reasons:
+        by_reason.update({reason_label(reason) for reason in reasons})
+    share = flagged / total if total else 0.0
+    lines = [f"  uncertain       {flagged} ({share:.1%})"]
+    for label, count in sorted(by_reason.items()):
+        lines.append(f"    {label:<24} {count}")
+    return lines
+
+
 def run(args: argparse.Namespace) -> int:
     total = count_lines(args.input)
     with tqdm(total=total, desc="read", unit="traj", file=sys.stderr, disable=None) as bar:
@@ -137,10 +184,17 @@ def run(args: argparse.Namespace) -> int:
         total=len(trajectories), desc=f"annotate:{args.annotator}", unit="traj", file=sys.stderr, disable=None
     ) as bar:
         results, stats = annotate_trajectories(trajectories, annotator, progress=bar.update)
-    records = (result.to_record(t.id, args.annotator) for t, result in zip(trajectories, results, strict=True))
+    tools = _rule_tools(annotator)
+    reasons = [uncertainty_of(t, result, tools) for t, result in zip(trajectories, results, strict=True)]
+    records = (
+        with_uncertainty(result.to_record(t.id, args.annotator), why, result.uncertain)
+        for t, result, why in zip(trajectories, results, reasons, strict=True)
+    )
     write_jsonl(args.out, records)
     print(f"wrote {len(results)} graphs to {args.out} (annotator={args.annotator})")
     for line in format_summary(stats, results, annotator):
+        print(line)
+    for line in format_uncertainty(reasons, len(results)):
         print(line)
     if duplicates:
         print(f"  duplicate ids   {duplicates}")
