@@ -61,7 +61,8 @@ def test_rules_decide_at_least_80_percent_and_are_95_percent_correct() -> None:
             wrong.append((row["id"], row["label"], decision.role, decision.reason))
     coverage = decided / len(rows)
     accuracy = correct / decided
-    # Measured on the 145 labelled calls: 128 decided (88.3%), 128/128 correct.
+    # Measured on the 145 labelled calls: 133 decided (91.7%), 130/133 correct; the 3 others are
+    # reproduction scripts printing a traceback, labelled IG here, RV under issue 12's rule.
     assert coverage >= 0.80, f"rules decide only {coverage:.1%}"
     assert accuracy >= 0.95, f"accuracy {accuracy:.1%} on decided calls; wrong: {wrong}"
 
@@ -94,7 +95,7 @@ def test_undecidable_calls_are_flagged_ambiguous(tool: str, arguments: dict) -> 
         ("perl -pi -e 's/x/y/' a.pl", AE),
         ("echo 'x = 1' > cfg.py", AE),
         ("cat <<'EOF' > src/new.py\nprint('hi')\nEOF", AE),  # heredoc into a file
-        ("git diff > /tmp/fix.patch", AE),  # a read whose output is written to a file
+        ("git diff > /tmp/fix.patch", IG),  # a read whose output is saved as a patch: no edit (issue 12)
         ("find . -name '*.pyc' | xargs rm -f", AE),  # the command xargs runs counts
         ("find . -name '*.py' | xargs grep -l TODO", IG),
         ("printf 'a\\n' | tee notes.txt", AE),
@@ -147,9 +148,13 @@ def test_content_signal_decides_only_when_the_tool_does_not() -> None:
     assert classify_tool_call("Bash", {"command": "git diff"}, diff).role == IG
     # a script whose output is test-runner output is verification
     assert classify_tool_call("Bash", {"command": "python check.py"}, "Ran 3 tests in 0.01s\n\nOK").role == RV
-    # a bare traceback decides nothing (a reproduction prints one before the fix too)
+    # a script run whose output holds a traceback checks behaviour: verification (issue 12)
     traceback = 'Traceback (most recent call last):\n  File "r.py", line 1\nValueError: x'
-    assert classify_tool_call("Bash", {"command": "python r.py"}, traceback).ambiguous
+    assert classify_tool_call("Bash", {"command": "python r.py"}, traceback).role == RV
+    # ... a traceback in the output of a known read does not make it one
+    assert classify_tool_call("Bash", {"command": "cat log.txt"}, traceback).role == IG
+    # a script whose output says nothing about a check stays undecided
+    assert classify_tool_call("Bash", {"command": "python r.py"}, "Inserted 5000 rows").ambiguous
     # an edit and a test in one command line: test output cannot settle it
     mixed = classify_tool_call("Bash", {"command": "sed -i 's/a/b/' x.py && pytest"}, "3 passed in 0.1s")
     assert mixed.ambiguous and set(mixed.candidates) == {AE, RV}

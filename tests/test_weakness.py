@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from verl_credit.cli.main import main
-from verl_credit.credit.call_extras import CallRecord, TrajectoryCalls, compute_weakness_report
+from verl_credit.report.weakness import RunCall, RunTrajectory, compute_weakness_report
 
 
 def tc(call_id: str, name: str, args: dict) -> dict:
@@ -138,12 +138,12 @@ def test_weakness_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 
 def test_compute_weakness_report_directly() -> None:
     calls = (
-        CallRecord("IG", 3, 0.5, 1.0, acts=True, has_ig_use=False, summary="cat x"),
-        CallRecord("AE", 1, 2.0, 1.0, acts=True, has_verification=True),
-        CallRecord("RV", 1, -1.0, 1.0, acts=True, rv_status="fail", failure_ignored=False),
-        CallRecord("IG", 0, 0.0, 1.0, acts=False),  # a plain-text call never counts as an unused read
+        RunCall("IG", 3, 0.5, 1.0, "cat x", acts=True, has_ig_use=False),
+        RunCall("AE", 1, 2.0, 1.0, "edit", acts=True, has_verification=True),
+        RunCall("RV", 1, -1.0, 1.0, "pytest", acts=True, rv_status="fail", failure_ignored=False),
+        RunCall("IG", 0, 0.0, 1.0, "text", acts=False),  # a plain-text call never counts as an unused read
     )
-    report = compute_weakness_report([TrajectoryCalls("a", 1.0, calls)], examples=0)
+    report = compute_weakness_report([RunTrajectory("a", 1.0, calls)], examples=0)
     # mass = 3 * 0.5 + 1 * 2 + 1 * 1 = 4.5; the unused read holds 1.5 of it
     assert report["weaknesses"]["unused_reads"] == {
         "label": "reads whose content was never used",
@@ -157,3 +157,100 @@ def test_compute_weakness_report_directly() -> None:
     assert report["weaknesses"]["ignored_failures"]["of"] == 1
     assert report["roles"]["RV"]["mean_advantage_success"] == -1.0
     assert report["roles"]["AE"]["mean_advantage_failure"] is None
+
+
+# -- issue 12 item 12: the credit file's roles, null kept; descriptions never empty -----------------
+AMBIGUOUS_RUN = [
+    {  # a read, an edit, a script run whose output checks nothing (the rules cannot classify it), a test
+        "id": "s1",
+        "uid": "w",
+        "reward": 1.0,
+        "action_token_lengths": [2, 4, 3, 2],
+        "messages": [
+            {"role": "user", "content": "fix x"},
+            *step("a", "read_file", {"path": "pkg/a.py"}, "x = 1\n"),
+            *step("b", "edit_file", EDIT, DIFF),
+            *step("c", "bash", {"command": "python scripts/seed.py"}, "Inserted 5000 rows"),
+            *step("d", "run_tests", {}, "2 passed in 0.1s"),
+        ],
+    },
+    {  # a failure: an unused read and a final message without text or tools
+        "id": "s2",
+        "uid": "w",
+        "reward": 0.0,
+        "action_token_lengths": [2, 1],
+        "messages": [
+            {"role": "user", "content": "fix x"},
+            *step("a", "read_file", {"path": "docs/notes.md"}, "# notes"),
+            {"role": "assistant", "content": ""},
+        ],
+    },
+]
+
+
+def routed(tmp_path: Path, capsys: pytest.CaptureFixture[str], records: list[dict]) -> tuple[Path, Path]:
+    rollouts = write(tmp_path / "run.jsonl", records)
+    credit = tmp_path / "credit.jsonl"
+    assert main(["route", "--input", str(rollouts), "--out", str(credit), "--estimator", "call_credit"]) == 0
+    capsys.readouterr()
+    return rollouts, credit
+
+
+def test_a_null_role_in_the_credit_file_stays_null(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rollouts, credit = routed(tmp_path, capsys, AMBIGUOUS_RUN)
+    line = json.loads(credit.read_text().splitlines()[0])
+    assert [a["role"] for a in line["actions"]] == ["IG", "AE", None, "RV"]  # the script run is ambiguous
+    assert line["call_graph"]["roles"][2] == "RV"  # ... the math used the position prior's tie-break
+    out = tmp_path / "weak.json"
+    assert main(["weakness", "--input", str(credit), "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    roles = json.loads(out.read_text())["roles"]
+    assert [roles[r]["calls"] for r in ("IG", "AE", "RV", "unclassified")] == [3, 1, 1, 1]
+    assert "unclassified (null)" in text
+    # the rollouts give the same report as their credit file
+    out_rollouts = tmp_path / "weak_rollouts.json"
+    assert main(["weakness", "--input", str(rollouts), "--json", str(out_rollouts)]) == 0
+    capsys.readouterr()
+    assert json.loads(out_rollouts.read_text())["roles"]["unclassified"]["calls"] == 1
+
+
+def test_the_credit_files_roles_are_used_not_the_call_graphs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, credit = routed(tmp_path, capsys, AMBIGUOUS_RUN)
+    lines = [json.loads(text) for text in credit.read_text().splitlines()]
+    lines[0]["actions"][0]["role"] = "RV"  # relabelled in the credit file (e.g. by a reviewer)
+    edited = write(tmp_path / "edited.jsonl", lines)
+    out = tmp_path / "weak.json"
+    assert main(["weakness", "--input", str(edited), "--json", str(out)]) == 0
+    capsys.readouterr()
+    roles = json.loads(out.read_text())["roles"]
+    assert [roles[r]["calls"] for r in ("IG", "AE", "RV", "unclassified")] == [2, 1, 2, 1]
+    lines[0]["actions"][0]["role"] = "XX"
+    bad = write(tmp_path / "bad.jsonl", lines)
+    assert main(["weakness", "--input", str(bad)]) == 2
+    assert "bad.jsonl:1: credit line: call 0: role 'XX'" in capsys.readouterr().err
+
+
+def test_every_example_has_a_description(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rollouts, credit = routed(tmp_path, capsys, AMBIGUOUS_RUN)
+    for argv, expect in (
+        (["--input", str(credit)], "IG call 0 (2 tokens"),  # what the credit line says
+        (["--input", str(credit), "--rollouts", str(rollouts)], "read_file("),  # its tool calls
+        (["--input", str(rollouts)], "read_file("),
+    ):
+        out = tmp_path / "weak.json"
+        assert main(["weakness", *argv, "--json", str(out), "--examples", "5"]) == 0
+        text = capsys.readouterr().out
+        examples = [e for w in json.loads(out.read_text())["weaknesses"].values() for e in w["examples"]]
+        assert examples and all(e["summary"].strip() for e in examples), examples
+        assert expect in text
+        assert not [row for row in text.splitlines() if ":  (A=" in row or row.rstrip().endswith(":")]
+
+
+def test_a_call_with_neither_text_nor_tools_is_described(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from verl_credit.report.weakness import describe_call
+
+    assert describe_call(4, None, "  \n ") == "unclassified (role null) call 4"
+    assert describe_call(1, "IG", "", length=2, weight=0.5) == "IG call 1 (2 tokens, weight 0.500)"
+    assert describe_call(0, "IG", "cat   a.py\n| head") == "cat a.py | head"

@@ -8,7 +8,10 @@ What the causal call graph matches on:
   ``app.py`` (a bare name matches any file of that name); globs (``lib/*.pm``) match with ``fnmatch``;
 * the files an edit writes (editor arguments, patch headers, shell redirections and file arguments
   of editing programs) and the distinctive symbols it replaces;
-* :func:`rv_outcome`: ``"pass"`` / ``"fail"`` / ``None`` for a test, type-check, lint or build output.
+* :func:`rv_outcome`: ``"pass"`` / ``"fail"`` / ``None`` for a test, type-check, lint or build output;
+* :func:`is_glob` (a pattern such as ``*.py`` is not a path a call *mentions*: ``find -name "*.py"``
+  names no file) and :func:`returned_nothing` (an empty result, a "no output" / "no matches"
+  notice, or only "No such file" errors: such a read supplies nothing).
 """
 
 from __future__ import annotations
@@ -18,10 +21,25 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from verl_credit.annotate.shell import _strip_wrappers, _words, parse_shell
+from verl_credit.annotate.shell import (
+    _PROJECT_PATH_LITERAL,
+    _python_invocation,
+    _strip_wrappers,
+    _words,
+    parse_shell,
+    program_edits_files,
+)
 from verl_credit.trajectory import ToolCall
 
-__all__ = ["extract_paths", "paths_match", "rv_outcome"]
+__all__ = [
+    "extract_paths",
+    "is_glob",
+    "listing_directory",
+    "paths_match",
+    "qualify_listing",
+    "returned_nothing",
+    "rv_outcome",
+]
 
 _EXTENSIONS = (
     "py|pyi|pyx|ipynb|js|jsx|mjs|cjs|ts|tsx|vue|svelte|go|rs|java|kt|kts|scala|c|h|cc|cpp|cxx|hpp|hh|m|mm|cs|fs|rb|"
@@ -83,6 +101,60 @@ def extract_paths(text: str) -> set[str]:
         if _PATH.fullmatch(path) or "/" in path:
             found.add(path)
     return found
+
+
+def is_glob(path: str) -> bool:
+    """A wildcard pattern (``*.py``, ``src/**/*.ts``, ``test_?.py``, ``[ab].c``), not one file."""
+    return any(c in path for c in "*?[")
+
+
+# harness wrappers around command output (mini-swe-agent, some gateways)
+_OUTPUT_WRAPPER = re.compile(
+    r"<(returncode|exit_code)>\s*-?\d+\s*</\1>|</?(?:returncode|output|stdout|stderr|exit_code|warning)>"
+)
+_NOTHING_LINES = re.compile(
+    r"^(?:\(no output\)|\[no output\]|no output\.?|\(empty\)|"
+    r"your command ran successfully and did not produce any output\.?|"
+    r"no (?:matches|results|files|occurrences) found\b.*|found 0 (?:matches|files|results)\b.*|0 matches\.?|"
+    r"(?:exit[ _]code|return[ _]?code|returncode)\s*[:=]?\s*-?\d+\.?|"
+    r"command (?:completed|finished|exited)\b.*code \d+\.?|"
+    r"(?:[\w.+-]+: )+(?:.*: )?"
+    r"(?:no such file or directory|is a directory|permission denied|cannot access.*|cannot open.*)|"
+    r"(?:error: )?(?:the )?(?:path|file|directory) .* (?:does not exist|not found)\b.*|"
+    r"(?:file|directory) .* not found\.?)$",
+    re.IGNORECASE,
+)
+
+
+def returned_nothing(result: str) -> bool:
+    """True when a tool result carries no content: empty (after harness wrappers such as
+    ``<returncode>1</returncode><output></output>``), a "no output" / "no matches found" notice,
+    an exit-code line, or only errors saying the file or path does not exist."""
+    text = _OUTPUT_WRAPPER.sub("\n", result or "")
+    return all(_NOTHING_LINES.match(line.strip()) for line in text.splitlines() if line.strip())
+
+
+def listing_directory(script: str) -> str | None:
+    """The directory an ``ls DIR`` command line lists (one ``ls`` with one operand, maybe piped
+    into filters), whose output names its files relative to ``DIR``; ``None`` otherwise."""
+    statements = [p for p in parse_shell(script).statements if _strip_wrappers(p[0].argv)[:1] != ["cd"]]
+    if len(statements) != 1:
+        return None
+    argv = _strip_wrappers(statements[0][0].argv)
+    if not argv or argv[0].rsplit("/", 1)[-1] not in ("ls", "ll", "tree"):
+        return None
+    operands = [a for a in argv[1:] if not a.startswith("-")]
+    if len(operands) != 1 or is_glob(operands[0]) or _PATH.fullmatch(operands[0].rstrip("/")):
+        return None
+    directory = _normalize_path(operands[0])
+    return directory if directory not in ("", ".") else None
+
+
+def qualify_listing(paths: Iterable[str], directory: str | None) -> set[str]:
+    """Bare file names of an ``ls DIR`` output as ``DIR/name`` (other paths unchanged)."""
+    if directory is None:
+        return set(paths)
+    return {p if "/" in p else f"{directory}/{p}" for p in paths}
 
 
 def _normalize_path(path: str) -> str:
@@ -181,9 +253,11 @@ _EDIT_TEXT_KEYS = (
 
 
 _FILE_ARG_PROGRAMS = _words(
-    "sed perl ruby awk tee rm touch mv cp truncate black isort autopep8 prettier gofmt rustfmt chmod ln"
+    "sed perl ruby awk tee rm touch mv truncate black isort autopep8 prettier gofmt rustfmt chmod"
 )
 _GIT_FILE_COMMANDS = _words("checkout restore rm mv add")
+#: programs that write only their last operand (the sources are read): a backup copy edits no source
+_COPY_PROGRAMS = _words("cp install ln")
 
 
 def _shell_edit_paths(script: str, result: str) -> set[str]:
@@ -198,12 +272,30 @@ def _shell_edit_paths(script: str, result: str) -> set[str]:
             if not argv:
                 continue
             base = argv[0].rsplit("/", 1)[-1]
-            if base in _FILE_ARG_PROGRAMS or (base == "git" and len(argv) > 1 and argv[1] in _GIT_FILE_COMMANDS):
+            if base in _COPY_PROGRAMS:  # cp SRC... DEST: only the destination is written
+                operands = [a for a in argv[1:] if not a.startswith("-")]
+                target = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("-t", "--target-directory")), None)
+                written = target or (operands[-1] if len(operands) > 1 else "")
+                if written and _looks_like_file(written):
+                    paths.add(_normalize_path(written))
+            elif base in _FILE_ARG_PROGRAMS or (base == "git" and len(argv) > 1 and argv[1] in _GIT_FILE_COMMANDS):
                 paths |= {_normalize_path(a) for a in argv[1:] if not a.startswith("-") and _looks_like_file(a)}
             if command.heredoc and base in ("apply_patch", "patch", "git"):
                 paths |= _patch_targets(command.heredoc)
+            program = command.heredoc or _inline_code(argv)
+            if program and program_edits_files(program):  # a script or -c program that rewrites files
+                paths |= {_normalize_path(m.group(0)[1:-1]) for m in _PROJECT_PATH_LITERAL.finditer(program)}
     paths |= _patch_targets(result)
     return {p for p in paths if p and p != "/dev/null"}
+
+
+def _inline_code(argv: list[str]) -> str:
+    """The code of ``python -c CODE`` (``""`` for anything else)."""
+    base = argv[0].rsplit("/", 1)[-1] if argv else ""
+    if not base.startswith("python"):
+        return ""
+    kind, rest = _python_invocation(argv[1:])
+    return rest[0] if kind == "inline" and rest else ""
 
 
 def _edit_paths(call: ToolCall, result: str, script: str | None) -> set[str]:

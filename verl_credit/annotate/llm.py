@@ -3,19 +3,28 @@
 One request per trajectory to ``POST {base_url}/chat/completions`` (vLLM's ``vllm serve``), with
 
 * ``temperature = 0`` and JSON-schema constrained output: ``response_format = {"type":
-  "json_schema", "json_schema": {"name": "influence_graph", "schema": graph_json_schema(T),
-  "strict": true}}`` (vLLM structured outputs; the schema pins ``num_actions`` and bounds every
-  index to ``0..T-1``);
+  "json_schema", "json_schema": {"name": "influence_graph", "schema": answer_schema(T),
+  "strict": true}}`` (vLLM structured outputs; the schema pins ``num_actions``, bounds every
+  index to ``0..T-1`` and every direct-input count to ``0..``:data:`MAX_DIRECT_INPUTS`);
 * the versioned prompt of :mod:`verl_credit.annotate.prompt`;
-* several endpoints used round-robin (each attempt, retries included, goes to the next one);
+* several endpoints used round-robin with health tracking: an endpoint that failed (no answer,
+  5xx, 429, a 200 that is no chat completion) is skipped for a cool-down (``endpoint_cooldown``
+  seconds, doubled per consecutive failure, at least its ``Retry-After``) and the retry of a
+  failed attempt goes to another endpoint when one is healthy;
 * at most ``concurrency`` requests in flight (an ``asyncio.Semaphore``, held only while a
   request is on the wire, not while a retry waits);
-* a per-request deadline ``timeout`` seconds (the whole exchange, not just one socket read);
+* a per-attempt limit ``timeout`` seconds (the whole exchange, not just one socket read) and a
+  request deadline ``deadline`` for the trajectory (all attempts and waits);
 * retries with exponential backoff and jitter on 408/429/5xx, timeouts, refused or reset
   connections and unreadable response bodies; a ``Retry-After`` header (seconds or an HTTP date)
-  is honoured, capped at ``retry_after_cap``; other 4xx answers are final;
+  is honoured, capped at ``retry_after_cap``, and never waited for past the request deadline
+  (nor when another endpoint is healthy); other 4xx answers are final;
 * ``parse_retries`` more attempts when the model's answer is unusable (empty, truncated, not
-  JSON, or failing validation beyond repair);
+  JSON, or breaking the answer contract);
+* the answer read from the body alone: the body is decoded here (a ``Content-Encoding`` that
+  does not fit it is ignored), ``Content-Type`` is not consulted, an odd ``usage`` counts as no
+  tokens -- none of them costs a good graph;
+* a malformed base URL is a ``ValueError`` naming it when the annotator is built;
 * a prompt that fits the server's context: the budget is ``max_model_len - max_tokens -``
   :data:`PROMPT_TOKEN_MARGIN` (and at most ``max_prompt_tokens``), ``max_model_len`` read once
   from the server's ``GET /v1/models`` (vLLM reports it) unless given, else
@@ -32,8 +41,14 @@ cache (:mod:`.cache`) and the rule fallback (the rule annotator's own worker thr
 worker threads (:func:`verl_credit.annotate.base.run_blocking`). The HTTP clients ignore
 ``HTTP(S)_PROXY`` (``trust_env=False``: the endpoints are cluster-local) unless ``trust_env``.
 
-The answer is cleaned (Qwen3 ``<think>...</think>`` blocks and code fences stripped), parsed and
-validated with :func:`verl_credit.graph.validate_graph` (offending edges dropped and counted).
+The answer is the answer alone (:func:`extract_answer`): reasoning (``<think>`` blocks) is
+dropped, then the whole message if it is one JSON value, else the last fenced block, else the last
+top-level JSON object -- never an object quoted earlier in the prose. It must keep the contract
+(:func:`answer_problems`: every required key, integer indices in range, bounded counts, enum
+signs and types); an answer that breaks it is invalid (``schema``): retried, then the fallback,
+and never cached. A valid answer is validated with :func:`verl_credit.graph.validate_graph`
+(what the schema cannot exclude -- ``src >= dst``, a sign/type mismatch, duplicates -- dropped
+and counted).
 On final failure the trajectory falls back to the rule annotator (``fallback="rules"``) or the
 uniform graph (``fallback="uniform"``); the failure is counted in :class:`LLMStats` and the
 result's ``source`` says ``fallback:...``. :meth:`LLMAnnotator.annotate_one` never raises for a
@@ -43,15 +58,18 @@ network or content failure.
 from __future__ import annotations
 
 import asyncio
+import copy
 import functools
 import itertools
 import json
 import logging
+import math
 import os
 import random
 import re
 import ssl
 import time
+import zlib
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,21 +80,27 @@ import httpx
 from verl_credit.annotate.base import AnnotationResult, Annotator, build_annotator, register_annotator, run_blocking
 from verl_credit.annotate.cache import GraphCache, annotate_with_cache, annotator_identity
 from verl_credit.annotate.prompt import PROMPT_VERSION, AnnotationPrompt, build_annotation_prompt
-from verl_credit.graph import GraphValidation, InfluenceGraph, graph_json_schema, validate_graph
+from verl_credit.graph import EDGE_TYPES, SIGNS, GraphValidation, InfluenceGraph, graph_json_schema, validate_graph
 from verl_credit.openai_chat import parse_retry_after
 from verl_credit.trajectory import Trajectory
 
 __all__ = [
+    "ANSWER_CONTRACT",
+    "ANSWER_KEYS",
     "DEFAULT_BASE_URL",
     "DEFAULT_MODEL",
     "FALLBACKS",
     "FALLBACK_MAX_MODEL_LEN",
     "INLINE_MAX_CHARS",
+    "MAX_DIRECT_INPUTS",
     "PROMPT_TOKEN_MARGIN",
     "AnnotationFailure",
     "LLMAnnotator",
     "LLMStats",
+    "answer_problems",
+    "answer_schema",
     "chat_completions_url",
+    "extract_answer",
     "is_context_length_error",
     "models_url",
     "parse_graph_completion",
@@ -93,6 +117,8 @@ API_KEY_ENV = "VERL_CREDIT_ANNOTATOR_API_KEY"
 #: connections per httpx client; the pool is split into ceil(concurrency / POOL_SHARD_SIZE) clients
 POOL_SHARD_SIZE = 4
 _RETRYABLE_STATUS = frozenset({408, 429})
+#: failure kinds that say the endpoint itself is unwell (it is then skipped for a while)
+_ENDPOINT_FAILURES = frozenset({"timeout", "connect", "transport", "bad_response", "http_5xx", "http_429", "http_408"})
 #: the context length assumed when it is neither given nor reported by ``GET /v1/models``
 #: (``scripts/serve_annotator.sh`` serves ``--max-model-len 32768``)
 FALLBACK_MAX_MODEL_LEN = 32768
@@ -105,8 +131,27 @@ INLINE_MAX_CHARS = 16384
 MODEL_LEN_PROBE_RETRY_S = 30.0
 T = TypeVar("T")
 
+#: the version of the answer contract (:func:`answer_problems`, :func:`extract_answer`), part of the cache key
+ANSWER_CONTRACT = "answer-v2"
+#: the keys every answer must have (the constrained-output schema's ``required``)
+ANSWER_KEYS: tuple[str, ...] = ("num_actions", "errors", "direct_user_inputs", "edges")
+#: the largest direct-user-input count of one action an answer may give (in the schema and checked):
+#: information units of unelicited user turns consumed by one action, each counted once
+MAX_DIRECT_INPUTS = 16
+#: seconds an endpoint is skipped after its first failure, doubled per further consecutive
+#: failure up to :data:`ENDPOINT_COOLDOWN_MAX_S`; a success clears it
+ENDPOINT_COOLDOWN_S = 1.0
+ENDPOINT_COOLDOWN_MAX_S = 30.0
+#: the largest response body read (bytes, also after decompression); a longer one is ``bad_response``
+MAX_RESPONSE_BYTES = 32 * 1024 * 1024
+
 _THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
 _FENCED = re.compile(r"```[A-Za-z0-9_-]*[ \t]*\n?(.*?)```", re.DOTALL)
+_OPEN_FENCE = re.compile(r"```[A-Za-z0-9_-]*[ \t]*\n?")
+_CANONICAL_INDEX = re.compile(r"0|[1-9][0-9]{0,9}")
+_HOST = re.compile(
+    r"[A-Za-z0-9](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9])?)*\.?"
+)
 # vLLM: "This model's maximum context length is 32768 tokens. However, you requested ...",
 # "... is longer than the maximum model length of 32768", "Input prompt (N tokens) is too long and
 # exceeds limit of M"; OpenAI: "context_length_exceeded"
@@ -141,7 +186,9 @@ class LLMStats:
     completion), ``empty``, ``truncated``, ``malformed_json``, ``schema`` (valid JSON that cannot be
     repaired into a graph), ``context_length`` (the server refused the prompt as too long),
     ``prompt_too_long`` (not sent: over the budget even with every text cut to its floor),
-    ``internal``. ``fallbacks``: trajectories that fell back. ``truncated_prompts``: prompts
+    ``deadline`` (not sent: the request deadline had passed), ``internal``. ``schema`` also
+    counts answers that break the answer contract (:func:`answer_problems`). ``fallbacks``:
+    trajectories that fell back. ``truncated_prompts``: prompts
     whose texts were shortened to fit the budget. ``max_model_len``: the context length the last
     budget was computed from (0: no budget).
     """
@@ -174,15 +221,51 @@ class LLMStats:
 
 
 def chat_completions_url(base_url: str) -> str:
-    """``http://h:8000`` / ``http://h:8000/v1`` / a full ``.../chat/completions`` URL -> the endpoint."""
-    url = base_url.strip().rstrip("/")
-    if not url.startswith(("http://", "https://")):
+    """``http://h:8000`` / ``http://h:8000/v1`` / a full ``.../chat/completions`` URL -> the endpoint.
+
+    Raises ``ValueError`` naming the URL when it is malformed: not ``http(s)://``, no host or an
+    invalid one, a port outside 1..65535, whitespace, a query or fragment, or a path that names
+    another API (``.../models``, ``.../completions``).
+    """
+    text = base_url.strip() if isinstance(base_url, str) else ""
+    if not text.startswith(("http://", "https://")):
         raise ValueError(f"annotator base URL must start with http:// or https://, got {base_url!r}")
+    url = text.rstrip("/")
+    problem = _url_problem(url)
+    if problem is not None:
+        raise ValueError(f"annotator base URL {base_url!r} is malformed: {problem}")
     if url.endswith("/chat/completions"):
         return url
     if url.endswith("/v1"):
         return f"{url}/chat/completions"
     return f"{url}/v1/chat/completions"
+
+
+def _url_problem(url: str) -> str | None:
+    """Why ``url`` (``http(s)://...``, stripped) cannot be an endpoint base, else ``None``."""
+    if any(c.isspace() for c in url) or any(ord(c) < 32 or ord(c) == 127 for c in url):
+        return "it contains whitespace or control characters"
+    if "," in url:
+        return "it contains a comma (give several endpoints as separate URLs)"
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, ValueError, TypeError) as exc:
+        return str(exc)
+    host = parsed.host
+    if not host:
+        return "it has no host"
+    if ":" not in host and not _HOST.fullmatch(host):  # IPv6 literals arrive without brackets
+        return f"invalid host {host!r}"
+    if parsed.port is not None and not 1 <= parsed.port <= 65535:
+        return f"port {parsed.port} is outside 1..65535"
+    if parsed.query or parsed.fragment or "?" in url or "#" in url:
+        return "it has a query or fragment"
+    path = parsed.path.rstrip("/")
+    if "/chat/completions" in path and not path.endswith("/chat/completions"):
+        return f"path {parsed.path!r} continues after /chat/completions"
+    if path.endswith(("/models", "/completions", "/embeddings")) and not path.endswith("/chat/completions"):
+        return f"path {parsed.path!r} names another API, not the chat-completions base"
+    return None
 
 
 def models_url(endpoint: str) -> str:
@@ -196,12 +279,204 @@ def is_context_length_error(status: int, text: str) -> bool:
 
 
 def strip_reasoning(content: str) -> str:
-    """Remove ``<think>...</think>`` blocks and surrounding whitespace; unwrap a fenced block."""
+    """Remove ``<think>...</think>`` blocks and surrounding whitespace; unwrap the last fenced block
+    (the answer rule of :func:`extract_answer`)."""
     text = _THINK_BLOCK.sub("", content).strip()
-    fenced = _FENCED.search(text)
-    if fenced is not None:
-        text = fenced.group(1).strip()
+    fenced = _fenced_blocks(text)
+    if fenced:
+        text = fenced[-1].strip()
     return text
+
+
+def _fenced_blocks(text: str) -> list[str]:
+    """Bodies of the fenced code blocks of ``text``, in order; an opening fence without its closing
+    one (a cut answer) yields everything after it."""
+    blocks = [match.group(1) for match in _FENCED.finditer(text)]
+    rest = _FENCED.sub("", text)
+    opening = _OPEN_FENCE.search(rest)
+    if opening is not None:
+        blocks.append(rest[opening.end() :])
+    return blocks
+
+
+def _top_level_objects(text: str) -> list[tuple[int, int, Any]]:
+    """``(start, end, value)`` of every complete JSON object of ``text`` that is not inside another
+    one, in order (prose between them is skipped)."""
+    decoder = json.JSONDecoder()
+    found: list[tuple[int, int, Any]] = []
+    start = text.find("{")
+    while start != -1:
+        try:
+            value, end = decoder.raw_decode(text, start)
+        except (json.JSONDecodeError, RecursionError):
+            start = text.find("{", start + 1)
+            continue
+        if isinstance(value, dict):
+            found.append((start, end, value))
+            start = text.find("{", end)
+        else:  # pragma: no cover - raw_decode at "{" only yields objects
+            start = text.find("{", start + 1)
+    return found
+
+
+def extract_answer(content: str, finish_reason: str | None = None) -> Any:
+    """The model's answer in ``content`` -- and only the answer -- as a JSON value.
+
+    The rule (in this order):
+
+    1. reasoning is never the answer: ``<think>...</think>`` blocks are removed (an unterminated
+       ``<think>`` means the answer never came);
+    2. the whole remaining message, when it is one JSON value (the constrained-decoding case);
+    3. else, when the message has fenced code blocks, the **last** fenced block, which must be one
+       JSON value in full (earlier blocks and the prose around are explanation);
+    4. else the **last** top-level JSON object of the message (reasoning prose comes before the
+       answer, so an object quoted in it -- a decoy -- is superseded); when the completion was cut
+       (``finish_reason == "length"``) that object must end the message, else the answer is
+       the cut one.
+
+    The chosen value is the answer even when it is unusable: no other object of the message is
+    tried instead. Raises :class:`AnnotationFailure` (``truncated`` / ``malformed_json``) when
+    there is no answer.
+    """
+    truncated = finish_reason == "length"
+    cut_kind = "truncated" if truncated else "malformed_json"
+    text = _THINK_BLOCK.sub("", content).strip()
+    if re.search(r"<think>", text, re.IGNORECASE):
+        raise AnnotationFailure(cut_kind, "unterminated <think> block")
+    whole = _loads(text)
+    if whole is not _NOTHING:
+        return whole
+    fenced = _fenced_blocks(text)
+    if fenced:
+        answer = _loads(fenced[-1].strip())
+        if answer is _NOTHING:
+            raise AnnotationFailure(cut_kind, f"the last fenced block is not one JSON value: {fenced[-1][:120]!r}")
+        return answer
+    objects = _top_level_objects(text)
+    if not objects:
+        raise AnnotationFailure(cut_kind, f"answer is not a JSON object: {text[:120]!r}")
+    _, end, answer = objects[-1]
+    if truncated and text[end:].strip():
+        raise AnnotationFailure("truncated", "the completion was cut after the last complete JSON object")
+    return answer
+
+
+_NOTHING = object()
+
+
+def _loads(text: str) -> Any:
+    """``json.loads(text)``, or :data:`_NOTHING` when ``text`` is not exactly one JSON value."""
+    if not text:
+        return _NOTHING
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, RecursionError, ValueError):
+        return _NOTHING
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def answer_problems(raw: Any, num_actions: int) -> list[str]:
+    """Where ``raw`` breaks the answer contract (the schema of :func:`answer_schema`); ``[]`` when
+    it keeps it.
+
+    The contract is the constrained-output schema, checked by type: an object with every
+    required key (``num_actions``, ``errors``, ``direct_user_inputs``, ``edges``); every index a
+    JSON integer (not a string, a float or a boolean) in ``0..num_actions-1``; every
+    ``direct_user_inputs`` key a canonical decimal index and every count an integer in
+    ``0..MAX_DIRECT_INPUTS``; every error mark and edge an object with all of its keys, signs and
+    types from their enums, texts as strings. Unknown extra keys are ignored. What a schema
+    cannot say (``src < dst``, a sign that does not fit its type, duplicates) is left to
+    :func:`verl_credit.graph.validate_graph`, which repairs and counts it.
+    """
+    if not isinstance(raw, dict):
+        return [f"the answer is not a JSON object ({type(raw).__name__})"]
+    problems: list[str] = []
+    missing = [key for key in ANSWER_KEYS if key not in raw]
+    if missing:
+        problems.append(f"missing required key(s) {', '.join(missing)}")
+    declared = raw.get("num_actions")
+    if "num_actions" in raw and not (_is_int(declared) and declared == num_actions):
+        problems.append(f"num_actions is {_short(declared)}, not {num_actions}")
+
+    def index_problem(where: str, value: Any) -> None:
+        if not _is_int(value):
+            problems.append(f"{where} is {_short(value)}, not an integer")
+        elif not 0 <= value < num_actions:
+            problems.append(f"{where} = {value} is not an action (0..{num_actions - 1})")
+
+    def text_problem(where: str, item: dict[str, Any], key: str) -> None:
+        if key not in item:
+            problems.append(f"{where} has no {key!r}")
+        elif not isinstance(item[key], str):
+            problems.append(f"{where}.{key} is {_short(item[key])}, not a string")
+
+    errors = raw.get("errors", [])
+    if not isinstance(errors, list):
+        problems.append("errors is not a list")
+        errors = []
+    for position, mark in enumerate(errors):
+        where = f"errors[{position}]"
+        if not isinstance(mark, dict):
+            problems.append(f"{where} is not an object")
+            continue
+        if "action" not in mark:
+            problems.append(f"{where} has no 'action'")
+        else:
+            index_problem(f"{where}.action", mark["action"])
+        text_problem(where, mark, "kind")
+        text_problem(where, mark, "evidence")
+    direct = raw.get("direct_user_inputs", {})
+    if not isinstance(direct, dict):
+        problems.append("direct_user_inputs is not an object")
+        direct = {}
+    for key, count in direct.items():
+        where = f"direct_user_inputs[{key!r}]"
+        if not (_CANONICAL_INDEX.fullmatch(key) and int(key) < num_actions):
+            problems.append(f"{where}: the key is not an action index (0..{num_actions - 1})")
+        if not _is_int(count):
+            problems.append(f"{where} = {_short(count)} is not an integer")
+        elif not 0 <= count <= MAX_DIRECT_INPUTS:
+            problems.append(f"{where} = {_short(count)} is outside 0..{MAX_DIRECT_INPUTS}")
+    edges = raw.get("edges", [])
+    if not isinstance(edges, list):
+        problems.append("edges is not a list")
+        edges = []
+    for position, edge in enumerate(edges):
+        where = f"edges[{position}]"
+        if not isinstance(edge, dict):
+            problems.append(f"{where} is not an object")
+            continue
+        for key in ("src", "dst"):
+            if key not in edge:
+                problems.append(f"{where} has no {key!r}")
+            else:
+                index_problem(f"{where}.{key}", edge[key])
+        if edge.get("sign") not in SIGNS:
+            problems.append(f"{where}.sign is {_short(edge.get('sign'))}, not one of {list(SIGNS)}")
+        if edge.get("type") not in EDGE_TYPES:
+            problems.append(f"{where}.type is {_short(edge.get('type'))}, not one of {list(EDGE_TYPES)}")
+        text_problem(where, edge, "unit")
+    return problems
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, dict | list):
+        return "an object" if isinstance(value, dict) else "a list"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def answer_schema(num_actions: int) -> dict[str, Any]:
+    """The constrained-output schema sent with each request: :func:`verl_credit.graph.graph_json_schema`
+    with every ``direct_user_inputs`` count bounded by :data:`MAX_DIRECT_INPUTS` (the contract
+    :func:`answer_problems` checks)."""
+    schema = copy.deepcopy(graph_json_schema(num_actions))
+    counts = schema["properties"]["direct_user_inputs"]["additionalProperties"]
+    counts["maximum"] = MAX_DIRECT_INPUTS
+    return schema
 
 
 def parse_graph_completion(
@@ -209,24 +484,21 @@ def parse_graph_completion(
 ) -> tuple[InfluenceGraph, GraphValidation]:
     """The model's answer -> a validated graph; raises :class:`AnnotationFailure` when unusable.
 
-    Failure kinds: ``empty``, ``truncated`` (``finish_reason == "length"`` and no complete JSON
-    object), ``malformed_json``, ``schema`` (JSON that :func:`validate_graph` cannot repair).
-    Repairable problems (an edge to a missing action, ``src >= dst``, a sign/type mismatch) are
-    repaired by the validator and counted in the returned validation.
+    The answer is found by :func:`extract_answer` and must keep the contract of
+    :func:`answer_problems`; otherwise it is invalid (``schema``): retried, then the fallback,
+    never cached. Failure kinds: ``empty``, ``truncated`` (``finish_reason == "length"`` and no
+    complete answer), ``malformed_json``, ``schema``. What the schema cannot express (an edge
+    with ``src >= dst``, a sign/type mismatch, a duplicate) is repaired by the validator and
+    counted in the returned validation.
     """
     truncated = finish_reason == "length"
     if content is None or not content.strip():
         raise AnnotationFailure("truncated" if truncated else "empty", "the model returned no content")
-    text = strip_reasoning(content)
-    if re.search(r"<think>", text, re.IGNORECASE):
-        raise AnnotationFailure("truncated" if truncated else "malformed_json", "unterminated <think> block")
-    try:
-        raw: Any = json.loads(text)
-    except json.JSONDecodeError:
-        raw = _first_json_object(text)
-        if raw is None:
-            kind = "truncated" if truncated else "malformed_json"
-            raise AnnotationFailure(kind, f"answer is not a JSON object: {text[:120]!r}") from None
+    raw = extract_answer(content, finish_reason)
+    problems = answer_problems(raw, num_actions)
+    if problems:
+        more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
+        raise AnnotationFailure("schema", "; ".join(problems[:3]) + more)
     graph, validation = validate_graph(raw, num_actions)
     if validation.fallback:
         raise AnnotationFailure("schema", "; ".join(validation.problems) or "graph failed validation")
@@ -235,8 +507,8 @@ def parse_graph_completion(
 
 @functools.lru_cache(maxsize=256)
 def _schema_for(num_actions: int) -> dict[str, Any]:
-    """``graph_json_schema(num_actions)``, built once per size (read-only: it is only serialized)."""
-    return graph_json_schema(num_actions)
+    """``answer_schema(num_actions)``, built once per size (read-only: it is only serialized)."""
+    return answer_schema(num_actions)
 
 
 async def _with_deadline(awaitable: Awaitable[T], seconds: float) -> T:
@@ -247,22 +519,6 @@ async def _with_deadline(awaitable: Awaitable[T], seconds: float) -> T:
         return await asyncio.wait_for(awaitable, seconds)
     async with timeout(seconds):
         return await awaitable
-
-
-def _first_json_object(text: str) -> Any:
-    """The first complete JSON object in ``text`` (prose around it tolerated), else ``None``."""
-    decoder = json.JSONDecoder()
-    start = text.find("{")
-    while start != -1:
-        try:
-            value, _ = decoder.raw_decode(text, start)
-        except json.JSONDecodeError:
-            start = text.find("{", start + 1)
-            continue
-        if isinstance(value, dict):
-            return value
-        start = text.find("{", start + 1)
-    return None
 
 
 @register_annotator("llm")
@@ -280,6 +536,15 @@ class LLMAnnotator(Annotator):
         backoff_base, backoff_max: backoff before retry ``k`` is drawn from
             ``[d/2, d]`` with ``d = min(backoff_max, backoff_base * 2**(k-1))``.
         retry_after_cap: longest ``Retry-After`` wait honoured, in seconds.
+        deadline: seconds for one trajectory's whole annotation (every attempt and every wait);
+            ``None``: ``timeout * (max_retries + 1)``. No attempt runs past it and no wait
+            (backoff or ``Retry-After``) ends past it: such a retry is not made (the failure is
+            final, then the fallback).
+        endpoint_cooldown, endpoint_cooldown_max: an endpoint that failed (no answer, 5xx, 429, a
+            200 that is no chat completion) is skipped for ``endpoint_cooldown`` seconds, doubled
+            per further consecutive failure up to ``endpoint_cooldown_max`` (at least its
+            ``Retry-After``); a success clears it. When every endpoint is cooling down, the one
+            that recovers first is used.
         fallback: ``rules`` or ``uniform``, used after the last failed attempt.
         max_tokens: completion budget; a graph answer is small, thinking needs more.
         enable_thinking: sent as ``chat_template_kwargs.enable_thinking`` (Qwen3; ``None`` sends
@@ -331,8 +596,13 @@ class LLMAnnotator(Annotator):
         rules_options: dict[str, Any] | None = None,
         cache_path: str | Path | None = None,
         jitter_seed: int | None = None,
+        deadline: float | None = None,
+        endpoint_cooldown: float = ENDPOINT_COOLDOWN_S,
+        endpoint_cooldown_max: float = ENDPOINT_COOLDOWN_MAX_S,
     ):
-        urls = [u for u in base_urls.split(",") if u.strip()] if isinstance(base_urls, str) else list(base_urls)
+        given = [base_urls] if isinstance(base_urls, str) else list(base_urls)
+        # "a,b" (one string or one list item, e.g. one --base-url flag) means two endpoints
+        urls = [u for item in given for u in (item.split(",") if isinstance(item, str) else [item]) if str(u).strip()]
         if not urls:
             raise ValueError("annotator base_urls is empty: give at least one OpenAI-compatible endpoint")
         if fallback not in FALLBACKS:
@@ -345,6 +615,13 @@ class LLMAnnotator(Annotator):
             raise ValueError(f"annotator max_retries/parse_retries must be >= 0, got {max_retries}/{parse_retries}")
         if max_tokens < 1:
             raise ValueError(f"annotator max_tokens must be >= 1, got {max_tokens}")
+        if deadline is not None and not (math.isfinite(deadline) and deadline > 0):
+            raise ValueError(f"annotator deadline must be > 0 seconds or None, got {deadline}")
+        if not (0 <= endpoint_cooldown <= endpoint_cooldown_max and math.isfinite(endpoint_cooldown_max)):
+            raise ValueError(
+                "annotator endpoint_cooldown must be >= 0 and <= endpoint_cooldown_max (finite), "
+                f"got {endpoint_cooldown}/{endpoint_cooldown_max}"
+            )
         if max_model_len is not None and max_model_len != 0 and max_model_len <= max_tokens + PROMPT_TOKEN_MARGIN:
             raise ValueError(
                 f"annotator max_model_len must exceed max_tokens + {PROMPT_TOKEN_MARGIN} = "
@@ -388,6 +665,10 @@ class LLMAnnotator(Annotator):
         self._semaphore: asyncio.Semaphore | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._round_robin = itertools.count()
+        self.deadline = float(deadline) if deadline is not None else self.timeout * (max_retries + 1)
+        self.endpoint_cooldown = float(endpoint_cooldown)
+        self.endpoint_cooldown_max = float(endpoint_cooldown_max)
+        self._health = [_EndpointHealth() for _ in self._urls]
         self._random = random.Random(jitter_seed)
         self._rules = rules_annotator
         if fallback == "rules" and self._rules is None:
@@ -396,9 +677,10 @@ class LLMAnnotator(Annotator):
 
     @property
     def prompt_version(self) -> str:
-        """The prompt version plus every rendering option that changes the prompt (cache key part)."""
+        """The prompt version, the answer contract's version and every rendering option that
+        changes the prompt (cache key part: graphs accepted under an older contract are not reused)."""
         thinking = "default" if self.enable_thinking is None else int(self.enable_thinking)
-        return f"{PROMPT_VERSION}/clip={self.max_chars_per_message}/think={thinking}"
+        return f"{PROMPT_VERSION}/{ANSWER_CONTRACT}/clip={self.max_chars_per_message}/think={thinking}"
 
     # -- the Annotator interface -------------------------------------------------------------
     async def annotate_one(self, trajectory: Trajectory) -> AnnotationResult:
@@ -493,14 +775,17 @@ class LLMAnnotator(Annotator):
                 f"({trajectory.num_actions} actions)",
                 retryable=False,
             )
+        clock = _Deadline(self.deadline)  # starts when the first attempt goes on the wire
         transport_failures = content_failures = 0
+        avoid: int | None = None  # the endpoint that just failed: the retry goes elsewhere if it can
         while True:
+            endpoint = self._pick_endpoint(avoid)
             try:
-                response = await self._post(body)
-                if len(response.content) <= INLINE_MAX_CHARS:
-                    usage, outcome = _read_completion(response, trajectory.num_actions)
+                reply = await self._post(body, endpoint, clock)
+                if len(reply.body) <= INLINE_MAX_CHARS:
+                    usage, outcome = _read_completion(reply, trajectory.num_actions)
                 else:  # json.loads + validation of a long reply: not on the loop
-                    usage, outcome = await run_blocking(_read_completion, response, trajectory.num_actions)
+                    usage, outcome = await run_blocking(_read_completion, reply, trajectory.num_actions)
                 self.stats.prompt_tokens += usage[0]
                 self.stats.completion_tokens += usage[1]
                 if isinstance(outcome, AnnotationFailure):
@@ -515,13 +800,63 @@ class LLMAnnotator(Annotator):
                     content_failures += 1
                     delay = 0.0
                 else:
+                    if failure.kind in _ENDPOINT_FAILURES:
+                        self._mark_failed(endpoint, failure.retry_after)
                     if not failure.retryable or transport_failures >= self.max_retries:
                         raise
                     transport_failures += 1
-                    delay = self._backoff(transport_failures, failure.retry_after)
+                    avoid = endpoint
+                    # a Retry-After speaks for its endpoint: another healthy one is tried after the backoff
+                    retry_after = None if self._healthy_other(endpoint) else failure.retry_after
+                    delay = self._backoff(transport_failures, retry_after)
+                if delay >= clock.remaining():
+                    failure.retryable = False
+                    failure.message += (
+                        f"; no retry: waiting {delay:.3g} s would pass the request deadline of {self.deadline:g} s"
+                    )
+                    raise
                 self.stats.retries += 1
                 if delay > 0:
                     await asyncio.sleep(delay)
+
+    # -- endpoint health ---------------------------------------------------------------------
+    def _pick_endpoint(self, avoid: int | None = None) -> int:
+        """The next endpoint in round-robin order that is not cooling down (and not ``avoid``
+        when another one is available); when all are cooling down, the one that recovers first."""
+        now = time.monotonic()
+        count = len(self._urls)
+        first = next(self._round_robin) % count
+        order = [(first + k) % count for k in range(count)]
+        healthy = [i for i in order if self._health[i].down_until <= now]
+        preferred = [i for i in healthy if i != avoid] or healthy
+        if preferred:
+            return preferred[0]
+        return min(order, key=lambda i: self._health[i].down_until)
+
+    def _healthy_other(self, endpoint: int) -> bool:
+        now = time.monotonic()
+        return any(h.down_until <= now for i, h in enumerate(self._health) if i != endpoint)
+
+    def _mark_failed(self, endpoint: int, retry_after: float | None) -> None:
+        health = self._health[endpoint]
+        health.failures += 1
+        cooldown = min(self.endpoint_cooldown_max, self.endpoint_cooldown * 2 ** min(health.failures - 1, 30))
+        if retry_after is not None:
+            cooldown = max(cooldown, min(retry_after, self.retry_after_cap))
+        health.down_until = max(health.down_until, time.monotonic() + cooldown)
+
+    def _mark_alive(self, endpoint: int) -> None:
+        health = self._health[endpoint]
+        health.failures = 0
+        health.down_until = 0.0
+
+    def endpoint_health(self) -> list[dict[str, Any]]:
+        """Per endpoint: its URL, consecutive failures and seconds until it is used again."""
+        now = time.monotonic()
+        return [
+            {"url": url, "failures": h.failures, "cooldown_s": max(0.0, h.down_until - now)}
+            for url, h in zip(self.endpoints, self._health, strict=True)
+        ]
 
     # -- the context budget ------------------------------------------------------------------
     async def prompt_budget(self) -> int | None:
@@ -636,39 +971,74 @@ class LLMAnnotator(Annotator):
             self._shard_load = [0] * len(self._clients)
         return self._semaphore
 
-    async def _post(self, body: bytes) -> httpx.Response:
-        """One HTTP attempt -> the 200 response; raises :class:`AnnotationFailure`."""
+    async def _post(self, body: bytes, endpoint: int, clock: _Deadline) -> _Reply:
+        """One HTTP attempt to endpoint ``endpoint`` -> the 200 reply; raises :class:`AnnotationFailure`.
+
+        The body is read raw and decoded here (:func:`_decode_body`): a ``Content-Encoding``
+        header that does not fit the body, or an odd ``Content-Type``, does not cost the answer.
+        """
         semaphore = self._ensure_clients()
-        url = self._urls[next(self._round_robin) % len(self._urls)]
+        url = self._urls[endpoint]
         async with semaphore:
+            seconds = min(self.timeout, clock.remaining(start=True))
+            if seconds <= 0:
+                raise AnnotationFailure(
+                    "deadline", f"{url}: the request deadline of {self.deadline:g} s passed", retryable=False
+                )
             # the least-loaded shard always has a free connection: in-flight < concurrency <= capacity
             shard = min(range(len(self._clients)), key=self._shard_load.__getitem__)
             client = self._clients[shard]
             self._shard_load[shard] += 1
             self.stats.requests += 1
             try:
-                response = await _with_deadline(client.post(url, content=body, headers=self._headers), self.timeout)
+                reply = await _with_deadline(self._exchange(client, url, body), seconds)
             except (asyncio.TimeoutError, httpx.TimeoutException):
-                raise AnnotationFailure("timeout", f"{url}: no answer within {self.timeout:g} s") from None
+                raise AnnotationFailure("timeout", f"{url}: no answer within {seconds:.3g} s") from None
             except httpx.ConnectError as exc:
                 raise AnnotationFailure("connect", f"{url}: {exc}") from None
-            except httpx.TransportError as exc:
+            except (httpx.TransportError, httpx.DecodingError) as exc:
                 raise AnnotationFailure("transport", f"{url}: {type(exc).__name__}: {exc}") from None
             finally:
                 if self._shard_load:
                     self._shard_load[shard] -= 1
-        status = response.status_code
+        status = reply.status
         if status == 429 or status in _RETRYABLE_STATUS or status >= 500:
             kind = "http_429" if status == 429 else "http_5xx" if status >= 500 else f"http_{status}"
-            retry_after = parse_retry_after(response.headers.get("retry-after"))
-            raise AnnotationFailure(kind, f"{url}: HTTP {status}: {response.text[:200]}", retry_after=retry_after)
+            retry_after = _sane_retry_after(reply.headers.get("retry-after"))
+            raise AnnotationFailure(kind, f"{url}: HTTP {status}: {reply.text(200)}", retry_after=retry_after)
+        self._mark_alive(endpoint)  # it answered: whatever the answer says, the endpoint is up
         if status != 200:
-            text = response.text[:1000]
+            text = reply.text(1000)
             if is_context_length_error(status, text):
                 self._learn_context_length(text)
                 raise AnnotationFailure("context_length", f"{url}: HTTP {status}: {text[:300]}", retryable=False)
             raise AnnotationFailure("http_4xx", f"{url}: HTTP {status}: {text[:200]}", retryable=False)
-        return response
+        return reply
+
+    async def _exchange(self, client: httpx.AsyncClient, url: httpx.URL, body: bytes) -> _Reply:
+        request = client.build_request("POST", url, content=body, headers=self._headers)
+        response = await client.send(request, stream=True)
+        try:
+            chunks: list[bytes] = []
+            size = 0
+            async for chunk in response.aiter_raw():
+                size += len(chunk)
+                if size > MAX_RESPONSE_BYTES:
+                    raise httpx.DecodingError(f"response body over {MAX_RESPONSE_BYTES} bytes", request=request)
+                chunks.append(chunk)
+        except httpx.StreamConsumed:  # a response built in memory (a mock transport): already read
+            return _Reply(response.status_code, response.headers, response.content, str(url))
+        except httpx.RemoteProtocolError:
+            # the connection closed before the Content-Length the header promised: when what did
+            # arrive is a whole JSON document, the header lied and the answer is kept
+            body = _decode_body(b"".join(chunks), response.headers.get("content-encoding"))
+            if response.status_code != 200 or not _is_json_document(body):
+                raise
+            return _Reply(response.status_code, response.headers, body, str(url))
+        finally:
+            await response.aclose()
+        decoded = _decode_body(b"".join(chunks), response.headers.get("content-encoding"))
+        return _Reply(response.status_code, response.headers, decoded, str(url))
 
     async def _fall_back(
         self, trajectory: Trajectory, failure: AnnotationFailure, rules_result: AnnotationResult | None
@@ -698,33 +1068,141 @@ def _transcript_chars(trajectory: Trajectory) -> int:
     return total
 
 
+class _Deadline:
+    """One trajectory's request deadline: ``seconds`` from its first attempt on the wire (time
+    queued behind the concurrency bound does not count)."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.at: float | None = None
+
+    def remaining(self, start: bool = False) -> float:
+        now = time.monotonic()
+        if self.at is None:
+            if not start:
+                return self.seconds
+            self.at = now + self.seconds
+        return self.at - now
+
+
+@dataclass
+class _EndpointHealth:
+    failures: int = 0  # consecutive failures
+    down_until: float = 0.0  # time.monotonic() before which the endpoint is skipped
+
+
+@dataclass
+class _Reply:
+    """An HTTP answer, its body read raw and decoded by :func:`_decode_body`."""
+
+    status: int
+    headers: httpx.Headers
+    body: bytes
+    url: str
+
+    def text(self, limit: int) -> str:
+        return self.body[: limit * 4].decode("utf-8", "replace")[:limit]
+
+
+def _is_json_document(body: bytes) -> bool:
+    try:
+        json.loads(body)
+    except (ValueError, RecursionError):
+        return False
+    return True
+
+
+def _decode_body(raw: bytes, encoding: str | None) -> bytes:
+    """``raw`` undone from its ``Content-Encoding`` (gzip, deflate; others as httpx would, if
+    installed). A header that lies -- the body is not encoded as it says -- leaves the raw bytes."""
+    if not encoding or not raw:
+        return raw
+    data = raw
+    for name in reversed([part.strip().lower() for part in encoding.split(",") if part.strip()]):
+        if name in ("identity", ""):
+            continue
+        try:
+            if name in ("gzip", "x-gzip"):
+                data = _inflate(data, 16 + zlib.MAX_WBITS)
+            elif name == "deflate":
+                try:
+                    data = _inflate(data, zlib.MAX_WBITS)
+                except zlib.error:
+                    data = _inflate(data, -zlib.MAX_WBITS)  # raw deflate, as some servers send it
+            else:
+                return raw  # br, zstd, ...: httpx did not offer them unless installed; keep the bytes
+        except (zlib.error, ValueError):
+            return raw
+    return data
+
+
+def _inflate(data: bytes, wbits: int) -> bytes:
+    inflater = zlib.decompressobj(wbits)
+    out = inflater.decompress(data, MAX_RESPONSE_BYTES)
+    if inflater.unconsumed_tail:
+        raise ValueError(f"decoded body over {MAX_RESPONSE_BYTES} bytes")
+    if not inflater.eof:
+        raise zlib.error("incomplete compressed body")
+    return out
+
+
+def _sane_retry_after(value: str | None) -> float | None:
+    """A ``Retry-After`` header in seconds, ``None`` when absent, unreadable or not finite."""
+    try:
+        seconds = parse_retry_after(value)
+    except (OverflowError, ValueError, TypeError):
+        return None
+    if seconds is None or not math.isfinite(seconds):
+        return None
+    return max(0.0, seconds)
+
+
+def _token_count(value: Any) -> int:
+    """One ``usage`` figure as a count: a non-negative integer (or integral float) below 2**53,
+    else 0 -- an odd ``usage`` is bookkeeping, never a reason to lose the answer."""
+    if isinstance(value, bool):
+        return 0
+    if isinstance(value, int):
+        return value if 0 <= value < 2**53 else 0
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer() and 0 <= value < 2**53:
+        return int(value)
+    return 0
+
+
+def _usage_tokens(data: Any) -> tuple[int, int]:
+    usage = data.get("usage") if isinstance(data, dict) else None
+    if not isinstance(usage, dict):
+        return 0, 0
+    return _token_count(usage.get("prompt_tokens")), _token_count(usage.get("completion_tokens"))
+
+
 def _read_completion(
-    response: httpx.Response, num_actions: int
+    reply: _Reply, num_actions: int
 ) -> tuple[tuple[int, int], tuple[InfluenceGraph, GraphValidation] | AnnotationFailure]:
     """A 200 chat completion -> ``((prompt_tokens, completion_tokens), graph or failure)``:
     decoded, parsed and validated (the failure is returned, not raised, so that the usage of an
-    unusable answer is still counted)."""
+    unusable answer is still counted). Only the body decides: ``Content-Type`` is not consulted
+    (JSON is detected from the bytes), an odd ``usage`` counts as no tokens."""
+    url = reply.url
     try:
-        url = str(response.request.url)
-    except RuntimeError:  # a response built without a request (tests)
-        url = "?"
-    try:
-        data = response.json()
+        data = json.loads(reply.body)
         choice = data["choices"][0]
         message = choice["message"]
         content = message.get("content")
         if not (isinstance(content, str) and content.strip()):
             # some vLLM reasoning parsers put the whole answer into the reasoning field
-            content = message.get("reasoning_content") or message.get("reasoning") or content
+            for key in ("reasoning_content", "reasoning"):
+                candidate = message.get(key)
+                if isinstance(candidate, str) and candidate.strip():
+                    content = candidate
+                    break
         finish_reason = choice.get("finish_reason")
-    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-        failure = AnnotationFailure("bad_response", f"{url}: 200 without a chat completion: {response.text[:120]!r}")
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError):
+        failure = AnnotationFailure("bad_response", f"{url}: 200 without a chat completion: {reply.text(120)!r}")
         return (0, 0), failure
-    usage = data.get("usage") if isinstance(data, dict) else None
-    tokens = (0, 0)
-    if isinstance(usage, dict):
-        tokens = (int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0))
+    tokens = _usage_tokens(data)
+    finish = finish_reason if isinstance(finish_reason, str) else None
     try:
-        return tokens, parse_graph_completion(content if isinstance(content, str) else None, finish_reason, num_actions)
+        return tokens, parse_graph_completion(content if isinstance(content, str) else None, finish, num_actions)
     except AnnotationFailure as failure:
         return tokens, failure

@@ -20,8 +20,9 @@ Signals, strongest first:
    ``;``, ``||``: reads that accompany an edit or a test do not change the role; an edit *and* a
    test in one command line is ambiguous;
 3. **content** of the result, only when 1-2 did not decide: test-runner output -> RV; a diff or a
-   write confirmation -> AE; line-numbered file contents -> IG. A bare traceback decides nothing
-   (a reproduction script prints one before the fix, too).
+   write confirmation -> AE; line-numbered file contents -> IG. A program run the command line
+   cannot classify (``python script.py``, ``python -c``, ``node x.js``) is RV when its output holds
+   test results or a traceback (it checks behaviour: a reproduction, a hand-written test).
 
 A call without tool calls (plain reasoning / answer) and a call whose only tools are planning tools
 (``TodoWrite``, ``update_plan``, ``think``, ``submit``...) inherits the role of the next call, else IG.
@@ -30,7 +31,13 @@ command, no evidence at all) are flagged ``ambiguous``; their role for the math 
 that the **position prior** prefers (after a read: IG before AE before RV; after an edit: RV, then
 AE; after a test: AE, then IG), or what an optional :class:`RoleClassifier` (LLM) says.
 
-Causal edges by content reference, across any distance (:func:`build_call_graph`):
+Causal edges by content reference, across any distance (:func:`build_call_graph`). What a
+call *mentions* are the concrete paths of its arguments and result: a glob (``find -name "*.py"``,
+``grep --include="*.py"``) names no file, the bare names ``ls DIR`` prints are read inside
+``DIR``, and a read that returned nothing (an empty result, "no matches", "No such file") supplies
+nothing. What an edit *writes* are its targets (``cp SRC DEST`` writes ``DEST`` only; a script or
+``python -c`` program that rewrites files writes the project paths it quotes).
+
 
 * ``IG -> AE``: the AE call edits a path (or a distinctive symbol) that appeared in the IG call's
   arguments or result;
@@ -65,7 +72,11 @@ from verl_credit.annotate.call_paths import (
     _matching,
     _string_values,
     extract_paths,
+    is_glob,
+    listing_directory,
     paths_match,
+    qualify_listing,
+    returned_nothing,
     rv_outcome,
 )
 from verl_credit.annotate.shell import (
@@ -181,6 +192,15 @@ _WRITE_OUTPUT = re.compile(
     re.IGNORECASE,
 )
 _LINE_NUMBERED = re.compile(r"^\s*\d+[\t:│|]", re.MULTILINE)
+#: what a program run prints when it verifies something: a traceback or exception line, an
+#: assertion failure, test-runner output, or hand-written test verdicts
+_SCRIPT_RESULT = re.compile(
+    r"Traceback \(most recent call last\)|^\s*(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Warning): |"
+    r"^\s*(?:[a-z_]\w*\.)+[A-Z]\w*: |AssertionError|"
+    r"\b\d+ (?:passed|failed)\b|^Ran \d+ tests? in |^(?:OK|FAILED)(?: \(.*\))?\s*$|"
+    r"\b(?i:(?:all )?tests? (?:passed|failed|succeeded))\b|^\s*(?:PASS(?:ED)?|FAIL(?:ED)?)(?:[: ]|$)|[✓✗✔✘✅❌]",
+    re.MULTILINE,
+)
 
 
 def classify_content(result: str) -> RoleDecision:
@@ -228,7 +248,12 @@ def _name_signal(name: str, arguments: Mapping[str, Any]) -> RoleDecision:
             return _ambiguous(f"{name} without a command")
         decision = classify_shell_command(script)
         return RoleDecision(
-            decision.role, decision.ambiguous, f"{name}: {decision.reason}", decision.candidates, decision.conflict
+            decision.role,
+            decision.ambiguous,
+            f"{name}: {decision.reason}",
+            decision.candidates,
+            decision.conflict,
+            decision.runs_program,
         )
     if lowered in AE_TOOLS:
         return _decided(AE, f"edit tool {name}")
@@ -247,10 +272,20 @@ def _name_signal(name: str, arguments: Mapping[str, Any]) -> RoleDecision:
 
 
 def classify_tool_call(name: str, arguments: Mapping[str, Any], result: str = "") -> RoleDecision:
-    """Role of one tool call: tool-type / command-line signal, then the content signal."""
+    """Role of one tool call: tool-type / command-line signal, then the content signal.
+
+    A program run the command line cannot classify (``python script.py``, ``node x.js``,
+    ``python -c ...``) is RV when its output holds test results or a traceback (it checks
+    behaviour: a reproduction, a hand-written test).
+    """
     decision = _name_signal(name, arguments)
     if not decision.ambiguous or decision.conflict:
         return decision
+    if decision.runs_program and RV in decision.candidates:
+        found = _SCRIPT_RESULT.search(result or "")
+        if found is not None:
+            what = "a traceback" if "Error" in found.group(0) or "Traceback" in found.group(0) else "test results"
+            return _decided(RV, f"{decision.reason}; its output holds {what}")
     content = classify_content(result)
     if not content.ambiguous and content.role in decision.candidates:
         return _decided(content.role, f"{decision.reason}; content: {content.reason}")  # type: ignore[arg-type]
@@ -434,10 +469,14 @@ def analyze_calls(trajectory: Trajectory, classifier: RoleClassifier | None = No
         for call, result in zip(action.tool_calls, results, strict=True):
             script = shell_script_of(call.arguments) if call.name.lower() in SHELL_TOOLS else None
             result_paths = extract_paths(result)
+            if script is not None:  # ls DIR names its files relative to DIR
+                result_paths = qualify_listing(result_paths, listing_directory(script))
             output_paths |= result_paths
-            mentioned |= _argument_paths(call.arguments) | result_paths
-            texts.append("\n".join(_string_values(call.arguments)))
-            texts.append(result)
+            # a read that returned nothing supplies nothing; a glob (find -name "*.py") names no file
+            if not (role == IG and returned_nothing(result)):
+                mentioned |= {p for p in _argument_paths(call.arguments) | result_paths if not is_glob(p)}
+                texts.append("\n".join(_string_values(call.arguments)))
+                texts.append(result)
             if role == AE:
                 edited |= _edit_paths(call, result, script)
                 edited_symbols |= _edited_symbols(call)

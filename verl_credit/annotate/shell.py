@@ -6,11 +6,20 @@ rules are where decisions start; :mod:`verl_credit.annotate.roles` builds on the
 * :func:`parse_shell` splits a command line into statements (``&&`` / ``;`` / ``||`` / newline) of
   pipelines of :class:`SimpleCommand` (argv, output redirections, heredoc bodies);
 * :func:`classify_simple_command` gives one command its role by program and flags (``cat``/``grep``
-  -> IG; ``sed -i``, a redirection into a file, ``tee``, ``git apply`` -> AE; ``pytest``,
-  ``make test``, ``npm test``, ``go test`` -> RV; ``python script.py`` -> ambiguous);
+  -> IG; ``sed -i``, a redirection into a file, ``tee``, ``git apply`` -> AE; ``pytest`` under any
+  name or interpreter options, ``python -m django test``, ``runtests.py``, ``tox``, ``nox``,
+  ``coverage run -m pytest``, ``make test``, ``npm test``, ``go test`` -> RV; ``python script.py``
+  -> ambiguous, a program run whose output may decide; a ``python -c`` / script program that
+  rewrites project files -> AE). A read whose output is saved into an artifact (``git diff >
+  patch.txt``, the submission; ``grep ... > hits.txt``) keeps its role: it edits nothing;
 * :func:`classify_shell_command` combines them: in a pipeline only the first command counts (later
   ones are filters, ``xargs`` runs its command) unless a later one writes a file; across statements
-  reads that accompany an edit or a test do not change the role, an edit *and* a test is ambiguous;
+  reads that accompany an edit or a test do not change the role, nor do package installs that
+  accompany a test or a run; an edit *and* a test is ambiguous; a script the command line writes
+  only to run it (``cat > t.py <<EOF ... EOF && python t.py``) takes the role of the run; the
+  harness's submission step (``echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT ...``) has no role;
+* :func:`parse_shell` keeps quoted newlines (``python -c "..."`` over several lines), line
+  continuations and ``find -exec ... \\;`` inside their command;
 * :func:`shell_script_of` finds the command line in a shell tool call's arguments.
 """
 
@@ -32,7 +41,9 @@ __all__ = [
     "SimpleCommand",
     "classify_shell_command",
     "classify_simple_command",
+    "is_artifact",
     "parse_shell",
+    "program_edits_files",
     "shell_script_of",
 ]
 
@@ -54,6 +65,7 @@ class RoleDecision:
     reason: str
     candidates: tuple[str, ...] = ()
     conflict: bool = False  # ambiguous because decided parts disagree (an edit and a test): content cannot settle it
+    runs_program: bool = False  # undecided because it runs a program (``python script.py``): its output may decide
 
     @property
     def no_role(self) -> bool:
@@ -64,9 +76,16 @@ def _decided(role: str, reason: str) -> RoleDecision:
     return RoleDecision(role, False, reason, (role,))
 
 
-def _ambiguous(reason: str, candidates: Iterable[str] = ALL_ROLES, conflict: bool = False) -> RoleDecision:
+def _ambiguous(
+    reason: str, candidates: Iterable[str] = ALL_ROLES, conflict: bool = False, runs_program: bool = False
+) -> RoleDecision:
     ordered = tuple(r for r in ALL_ROLES if r in set(candidates)) or ALL_ROLES
-    return RoleDecision(None, True, reason, ordered, conflict)
+    return RoleDecision(None, True, reason, ordered, conflict, runs_program)
+
+
+def _runs(reason: str) -> RoleDecision:
+    """A program run the command line cannot classify (a script): its output may (roles.py)."""
+    return _ambiguous(reason, runs_program=True)
 
 
 _NO_ROLE = RoleDecision(None, False, "no tool call")
@@ -94,21 +113,48 @@ RV_PROGRAMS = _words(
     "tsc eslint shellcheck hadolint golangci-lint cypress playwright runtests runtests.py runtests.sh"
 )
 NEUTRAL_PROGRAMS = _words(
-    "cd pushd popd export set source . true false echo printf sleep exit clear unset alias : wait shopt ulimit umask"
+    "cd pushd popd export set source . true false echo printf sleep exit clear unset alias : wait shopt ulimit umask "
+    "read trap declare local return break continue shift"
 )
 _WRAPPERS = _words("sudo time nice nohup command exec xvfb-run stdbuf builtin")
 _INTERPRETERS = _words("python python3 python2 pypy pypy3 node ruby perl bash sh zsh deno bun php Rscript julia lua")
 _PIPE_FILTERS = IG_PROGRAMS | NEUTRAL_PROGRAMS | {"xargs"}
-_PY_MODULES_RV = _words("pytest unittest doctest nose nose2 tox nox mypy pyright flake8 pylint compileall py_compile")
+_PY_MODULES_RV = _words(
+    "pytest unittest doctest nose nose2 tox nox mypy pyright flake8 pylint compileall py_compile xmlrunner green "
+    "testtools.run subunit.run twisted.trial trial behave ward hypothesis pytest_benchmark"
+)
+#: interpreter options that take a value (``python -X dev``, ``python -W error``)
+_PY_OPTIONS_WITH_VALUE = frozenset({"-X", "-W", "--check-hash-based-pycs"})
+#: pytest under another name (``pytest-3``, ``py.test-3.11``, ``pytest3``)
+_PYTEST_NAME = re.compile(r"^py\.?test(-?\d[\d.]*)?$")
+#: the submission step of mini-swe-agent / SWE-bench harnesses (echoed to end the run)
+_SUBMIT_MARKERS = ("COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT", "MINI_SWE_AGENT_FINAL_OUTPUT", "SUBMIT_FINAL_OUTPUT")
+#: files a command's output is saved into without editing the project: a patch or diff (the
+#: submission), a log, an output capture, anything under /tmp
+_ARTIFACT = re.compile(
+    r"(^|/)[^/]*\.(patch|diff|log|out|err|txt|orig|rej|tmp|bak|backup)$|^/tmp/|^/var/tmp/", re.IGNORECASE
+)
+#: a program text that writes files: Python ``open(..., "w")``, ``Path.write_text``, shutil /
+#: os moves and removals, in-place ``fileinput``; shell-like ``sed -i`` inside ``subprocess``
+_PROGRAM_WRITES = re.compile(
+    r"""open\([^)\n]*,\s*(?:mode\s*=\s*)?['"][wax]b?\+?t?['"]|\.write_text\(|\.write_bytes\(|"""
+    r"""shutil\.(?:copy\w*|move|rmtree)\(|os\.(?:replace|rename|remove|unlink)\(|inplace\s*=\s*True|"""
+    r"""['"]sed['"],\s*['"]-i""",
+)
+#: a path of the project (not /tmp) quoted in a program text: ``'astropy/io/ascii/qdp.py'``
+_PROJECT_PATH_LITERAL = re.compile(r"""['"](?!/tmp/|/dev/)(?:[\w.-]+/)+[\w.-]+\.[A-Za-z]{1,5}['"]""")
+_PROJECT_TEXT_FILES = re.compile(r"(^|/)(requirements[^/]*|constraints[^/]*|CMakeLists|LICENSE|AUTHORS)\.txt$", re.I)
 _PY_MODULES_IG = _words("pydoc json.tool tokenize site")
 _GIT_IG = _words(
     "status log diff show blame grep ls-files ls-tree rev-parse describe shortlog reflog remote config cat-file "
     "whatchanged branch tag"
 )
 _GIT_AE = _words(
-    "apply checkout restore reset commit add rm mv stash cherry-pick revert merge rebase am switch clean init clone "
+    "apply checkout restore reset commit rm mv stash cherry-pick revert merge rebase am switch clean init clone "
     "pull push fetch"
 )
+#: git subcommands that change no project file: staging (``git add -A`` before ``git diff --cached``)
+_GIT_NEUTRAL = _words("add")
 _BUILD_TOOLS_RV = {
     "go": {"test", "vet", "build"},
     "cargo": {"test", "check", "build", "clippy", "nextest", "bench"},
@@ -182,12 +228,59 @@ def _split_heredocs(script: str) -> tuple[str, list[str]]:
     return "\n".join(kept), bodies
 
 
+def _logical_lines(text: str) -> list[str]:
+    """``text`` split at the newlines that end a command: not inside quotes (``python -c "..."``
+    over several lines), not after a line-continuation backslash, not inside a comment's text.
+    ``\\;`` (``find -exec ... \\;``) is quoted, so that it stays an argument, not a separator."""
+    lines: list[str] = []
+    current: list[str] = []
+    quote = ""
+    index = 0
+    while index < len(text):
+        char = text[index]
+        if quote == "'":
+            current.append(char)
+            if char == "'":
+                quote = ""
+        elif quote == '"':
+            current.append(char)
+            if char == "\\" and index + 1 < len(text):
+                current.append(text[index + 1])
+                index += 1
+            elif char == '"':
+                quote = ""
+        elif char == "\\" and index + 1 < len(text):
+            following = text[index + 1]
+            if following == "\n":
+                current.append(" ")  # a line continuation
+            elif following == ";":
+                current.append("'\\;'")
+            else:
+                current.append(char + following)
+            index += 1
+        elif char in "'\"":
+            quote = char
+            current.append(char)
+        elif char == "#" and (not current or current[-1] in " \t;&|("):
+            end = text.find("\n", index)
+            index = len(text) if end == -1 else end
+            continue
+        elif char == "\n":
+            lines.append("".join(current))
+            current = []
+        else:
+            current.append(char)
+        index += 1
+    lines.append("".join(current))
+    return lines
+
+
 def parse_shell(script: str) -> ShellAnalysis:
     """Tokenize a command line into statements and pipelines of :class:`SimpleCommand`."""
     text, bodies = _split_heredocs(script)
     parse_error = False
     tokens: list[str] = []
-    for line in text.split("\n"):
+    for line in _logical_lines(text):
         if not line.strip():
             continue
         lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
@@ -283,36 +376,86 @@ def _positional(args: Sequence[str]) -> list[str]:
     return [a for a in args if not a.startswith("-")]
 
 
+def _python_invocation(args: Sequence[str]) -> tuple[str, list[str]]:
+    """``python`` arguments -> ``(kind, rest)``: ``("module", [name, *args])``, ``("inline", [])``,
+    ``("script", [path, *args])`` or ``("interactive", [])``; interpreter options (``-u``,
+    ``-bb``, ``-X dev``, ``-W error``, ``-OO``...) skipped."""
+    rest = list(args)
+    while rest:
+        head = rest[0]
+        if head == "-m":
+            return ("module", rest[1:]) if len(rest) > 1 else ("interactive", [])
+        if head.startswith("-m") and len(head) > 2 and not head.startswith("--"):
+            return "module", [head[2:], *rest[1:]]
+        if head == "-c":
+            return "inline", rest[1:2]
+        if head == "-":
+            return "inline", []
+        if head.startswith("-c") and not head.startswith("--"):
+            return "inline", [head[2:]]
+        if head in _PY_OPTIONS_WITH_VALUE:
+            rest = rest[2:]
+        elif head.startswith("-") and head != "-":
+            rest = rest[1:]
+        else:
+            return "script", rest
+    return "interactive", []
+
+
 def _classify_python(args: list[str]) -> RoleDecision:
     """``python ...`` by its module or script (``args`` excludes the interpreter)."""
-    rest = [a for a in args if a not in ("-u", "-B", "-O", "-OO", "-q", "-E", "-s", "-I") and not a.startswith("-W")]
-    if not rest:
-        return _ambiguous("interactive interpreter")
-    if rest[0] == "-m" and len(rest) > 1:
-        module = rest[1]
+    kind, rest = _python_invocation(args)
+    if kind == "interactive":
+        if any(a in ("--version", "-V", "-VV", "--help", "-h") for a in args):
+            return _decided(IG, "python --version")
+        return _runs("python program on stdin")
+    if kind == "inline":
+        return _runs("inline python program")
+    if kind == "module":
+        module = rest[0]
         if module in _PY_MODULES_RV or module.startswith("pytest"):
             return _decided(RV, f"python -m {module}")
+        if module in ("django", "django-admin") and "test" in _positional(rest[1:])[:1]:
+            return _decided(RV, "python -m django test")
+        if module == "coverage":
+            return _classify_coverage(rest[1:])
         if module == "pip":
-            sub = rest[2] if len(rest) > 2 else ""
+            sub = rest[1] if len(rest) > 1 else ""
             return _decided(AE, "pip install") if sub in ("install", "uninstall") else _decided(IG, f"pip {sub}")
         if module in ("black", "isort", "autopep8", "yapf"):
-            return _check_or_format(module, rest[2:])
+            return _check_or_format(module, rest[1:])
         if module in ("ruff",):
-            return _classify_ruff(rest[2:])
+            return _classify_ruff(rest[1:])
         if module in _PY_MODULES_IG:
             return _decided(IG, f"python -m {module}")
-        return _ambiguous(f"python -m {module}")
-    if rest[0] in ("-c", "-"):
-        return _ambiguous("inline python program")
+        return _runs(f"python -m {module}")
     script = rest[0]
     base = script.rsplit("/", 1)[-1]
-    if base == "manage.py" and len(rest) > 1 and rest[1] == "test":
-        return _decided(RV, "manage.py test")
+    if base in ("manage.py", "django-admin.py") and len(rest) > 1 and rest[1] == "test":
+        return _decided(RV, f"{base} test")
     if base == "setup.py" and len(rest) > 1 and rest[1] == "test":
         return _decided(RV, "setup.py test")
-    if _TEST_SCRIPT.search(script):
+    if _TEST_SCRIPT.search(script) or _PYTEST_NAME.match(base):
         return _decided(RV, f"test script {script}")
-    return _ambiguous(f"python script {script}")
+    return _runs(f"python script {script}")
+
+
+def _classify_coverage(args: Sequence[str]) -> RoleDecision:
+    """``coverage run [opts] X`` runs ``python X`` (``-m pytest``: the tests); ``coverage report``
+    and friends read."""
+    positional = _positional(args)
+    sub = positional[0] if positional else ""
+    if sub == "run":
+        inner = list(args[list(args).index("run") + 1 :])
+        while inner and inner[0].startswith("-") and inner[0] != "-m":
+            option = inner.pop(0)
+            if "=" not in option and option in ("--rcfile", "--source", "--include", "--omit", "--context") and inner:
+                inner.pop(0)
+        decision = _classify_python(inner)
+        return decision if decision.ambiguous else _decided(decision.role or RV, f"coverage run: {decision.reason}")
+    if sub in ("report", "html", "xml", "json", "annotate", "debug", "lcov"):
+        return _decided(IG, f"coverage {sub}")
+    return _ambiguous(f"coverage {sub}")
 
 
 def _check_or_format(program: str, args: Sequence[str]) -> RoleDecision:
@@ -330,22 +473,67 @@ def _classify_ruff(args: Sequence[str]) -> RoleDecision:
     return _decided(RV, "ruff check")
 
 
+def is_artifact(path: str) -> bool:
+    """A file that holds a command's output rather than project code: a patch or diff, a log, an
+    output capture (``.txt``/``.out``...), anything under ``/tmp`` (``requirements.txt`` and
+    similar project files are not artifacts)."""
+    return bool(_ARTIFACT.search(path)) and not _PROJECT_TEXT_FILES.search(path)
+
+
+def program_edits_files(program: str) -> bool:
+    """A program text (a script's body, ``python -c`` code) that writes a file of the project."""
+    return bool(_PROGRAM_WRITES.search(program)) and bool(_PROJECT_PATH_LITERAL.search(program))
+
+
+def _program_text(command: SimpleCommand) -> str:
+    """The program a ``python -c CODE`` / ``python - <<EOF`` / ``python <<EOF`` command runs."""
+    argv = _strip_wrappers(command.argv)
+    if not argv:
+        return ""
+    kind, rest = _python_invocation(argv[1:])
+    if kind == "inline" and rest:
+        return rest[0]
+    if kind in ("inline", "interactive") and command.heredoc:
+        return command.heredoc
+    return ""
+
+
 def classify_simple_command(command: SimpleCommand) -> RoleDecision:
     """Role of one simple command (program + flags + redirections); ``no_role`` for ``cd`` etc.
 
     A redirection into a file makes the command AE, except for a verification command whose
-    output goes to a log (``pytest > out.txt`` stays RV).
+    output goes to a log (``pytest > out.txt`` stays RV) and for a command that reads or runs
+    something and saves its output into an artifact (``git diff > patch.txt``, the submission
+    step; ``grep ... > hits.txt``; ``python x.py > out.log``): that keeps the command's own role.
+    Text the command line itself authors (``echo ... > f``, ``cat > f <<EOF``) is an edit.
     """
     decision = _classify_argv(command)
+    if decision.runs_program and program_edits_files(_program_text(command)):
+        return _decided(AE, f"{decision.reason} that writes project files")
     if command.writes and decision.role != RV:
+        authored = decision.no_role or bool(command.heredoc) or _reads_stdin(command)
+        if not authored and all(is_artifact(path) for path in command.writes):
+            if decision.role is not None:
+                return _decided(decision.role, f"{decision.reason}, output saved to {command.writes[0]}")
+            return decision
         return _decided(AE, f"redirection into {command.writes[0]}")
     return decision
 
 
+def _reads_stdin(command: SimpleCommand) -> bool:
+    """``cat > file`` (no file operand): it copies its input, i.e. writes authored text."""
+    argv = _strip_wrappers(command.argv)
+    return bool(argv) and argv[0].rsplit("/", 1)[-1] == "cat" and not _positional(argv[1:])
+
+
 def _classify_argv(command: SimpleCommand) -> RoleDecision:
     argv = _strip_wrappers(command.argv)
-    if not argv:
+    while argv and argv[0] in _KEYWORDS_BEFORE_COMMAND:
+        argv = _strip_wrappers(argv[1:])
+    if not argv or argv[0] in _KEYWORDS_WITHOUT_COMMAND or argv[0].endswith("()"):
         return _NO_ROLE
+    if argv[0] in ("[", "test"):
+        return _decided(IG, "a test expression")
     program = argv[0]
     base = program.rsplit("/", 1)[-1]
     args = argv[1:]
@@ -372,9 +560,17 @@ def _classify_argv(command: SimpleCommand) -> RoleDecision:
             return _decided(IG, f"git {sub[0]}")
         if sub and sub[0] in _GIT_AE:
             return _decided(AE, f"git {sub[0]}")
+        if sub and sub[0] in _GIT_NEUTRAL:
+            return _NO_ROLE
         return _ambiguous(f"git {' '.join(sub)}")
     if base in ("ruff",):
         return _classify_ruff(args)
+    if _PYTEST_NAME.match(base):
+        return _decided(RV, f"test runner {base}")
+    if base in ("django-admin", "django-admin.py") and _positional(args)[:1] == ["test"]:
+        return _decided(RV, "django-admin test")
+    if base == "coverage":
+        return _classify_coverage(args)
     if base in ("black", "isort", "autopep8", "yapf", "gofmt", "rustfmt", "prettier"):
         if base == "gofmt":
             return _decided(AE, "gofmt -w") if "-w" in args else _decided(IG, "gofmt (prints)")
@@ -418,14 +614,51 @@ def _classify_argv(command: SimpleCommand) -> RoleDecision:
         return _decided(RV, f"test runner {base}")
     if base in AE_PROGRAMS:
         return _decided(AE, f"{base} changes files")
+    if base == "xargs":
+        inner = _xargs_command(args)
+        return classify_simple_command(SimpleCommand(inner)) if inner else _NO_ROLE
+    if base in ("find", "fd") and any(a in ("-exec", "-execdir", "-ok", "-okdir", "-x", "--exec") for a in args):
+        start = next(i for i, a in enumerate(args) if a in ("-exec", "-execdir", "-ok", "-okdir", "-x", "--exec"))
+        inner = [a for a in args[start + 1 :] if a not in ("{}", "\\;", ";", "+")]
+        executed = classify_simple_command(SimpleCommand(inner)) if inner else _NO_ROLE
+        if executed.role in (AE, RV) or executed.ambiguous:
+            return executed
+        return _decided(IG, f"{base} reads")
+    if base == "find" and "-delete" in args:
+        return _decided(AE, "find -delete")
     if base in IG_PROGRAMS:
         return _decided(IG, f"{base} reads")
     if base in _INTERPRETERS:
         script = _positional(args)[:1]
         if script and _TEST_SCRIPT.search(script[0]):
             return _decided(RV, f"test script {script[0]}")
-        return _ambiguous(f"{base} {' '.join(script) or 'inline program'}")
+        return _runs(f"{base} {' '.join(script) or 'inline program'}")
+    positional = _positional(args)
+    if base.endswith("lint") or (positional and positional[0] in ("test", "tests", "lint", "check", "verify")):
+        return _decided(RV, f"{base} {positional[0] if positional else ''}".strip())  # sqlfluff lint, yamllint
     return _ambiguous(f"unknown program {base}")
+
+
+#: decisions of package installs: set-up that accompanies a test or a run without changing its role
+_SETUP_REASONS = (
+    "pip install",
+    "pip3 install",
+    "pip uninstall",
+    "uv sync",
+    "uv add",
+    "poetry add",
+    "conda install",
+    "npm install",
+    "npm i",
+    "npm ci",
+    "yarn install",
+    "yarn add",
+    "pnpm install",
+    "pnpm i",
+)
+#: shell keywords: the command after ``do``/``then``/``if``/``while`` counts, the rest is no program
+_KEYWORDS_BEFORE_COMMAND = frozenset({"do", "then", "else", "elif", "if", "while", "until", "!", "time"})
+_KEYWORDS_WITHOUT_COMMAND = frozenset({"for", "select", "case", "esac", "done", "fi", "function", "in", "[[", "]]"})
 
 
 def _combine(decisions: Sequence[RoleDecision], what: str) -> RoleDecision:
@@ -437,13 +670,21 @@ def _combine(decisions: Sequence[RoleDecision], what: str) -> RoleDecision:
     relevant = [d for d in decisions if not d.no_role]
     if not relevant:
         return _NO_ROLE
+    setup = [d for d in relevant if d.role == AE and d.reason.startswith(_SETUP_REASONS)]
+    if setup and len(setup) < len(relevant):  # installing what a test or a run needs is no edit of it
+        relevant = [d for d in relevant if d not in setup]
     undecided = [d for d in relevant if d.ambiguous]
     roles = {d.role for d in relevant if d.role is not None}
     if undecided:
         candidates = set(roles)
         for d in undecided:
             candidates.update(d.candidates)
-        return _ambiguous("; ".join(d.reason for d in undecided), candidates, any(d.conflict for d in undecided))
+        return _ambiguous(
+            "; ".join(d.reason for d in undecided),
+            candidates,
+            any(d.conflict for d in undecided),
+            any(d.runs_program for d in undecided),
+        )
     reason = "; ".join(dict.fromkeys(d.reason for d in relevant))
     if len(roles) == 1:
         return _decided(roles.pop(), reason)
@@ -468,11 +709,24 @@ def classify_shell_command(script: str) -> RoleDecision:
     """Role of a shell command line (see the module docstring)."""
     if not script or not script.strip():
         return _ambiguous("empty command")
+    if any(marker in script for marker in _SUBMIT_MARKERS):
+        # the harness's submission step (``echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && git add -A
+        # && git diff --cached``): like a ``submit`` tool it edits nothing; it inherits a role
+        return RoleDecision(None, False, "submission step")
     analysis = parse_shell(script)
     if analysis.parse_error:
         return _ambiguous("unparseable command line")
     statement_decisions = []
+    scripts: dict[str, str] = {}  # basename of a file this command line writes -> the text written
     for pipeline in analysis.statements:
+        ran = _runs_written_script(pipeline[0], scripts)
+        if ran is not None:
+            statement_decisions.append(ran)
+            continue
+        if _writes_only(pipeline):
+            for command in pipeline:
+                for target in command.writes:
+                    scripts[target.rsplit("/", 1)[-1]] = command.heredoc
         first = classify_simple_command(pipeline[0])
         later = []
         for command in pipeline[1:]:
@@ -487,10 +741,54 @@ def classify_shell_command(script: str) -> RoleDecision:
                 later.append(classify_simple_command(command))
         decision = _combine([first, *later], "pipeline") if later else first
         statement_decisions.append(decision)
+    scaffolded = [d for d in statement_decisions if d.reason.startswith("runs ")]
+    if scaffolded:  # the script written here only to be run here: the run decides
+        statement_decisions = [
+            d for d in statement_decisions if not (d.role == AE and d.reason.startswith("redirection into"))
+        ]
     combined = _combine(statement_decisions, "command line")
     if combined.no_role:
         return _ambiguous("command line without a classifiable program")
     return combined
+
+
+def _writes_only(pipeline: Sequence[SimpleCommand]) -> bool:
+    """``cat > f.py <<EOF`` / ``echo ... > f.py``: a statement that only writes a file."""
+    if len(pipeline) != 1 or not pipeline[0].writes:
+        return False
+    argv = _strip_wrappers(pipeline[0].argv)
+    base = argv[0].rsplit("/", 1)[-1] if argv else ""
+    return base in ("cat", "echo", "printf", "") and (bool(pipeline[0].heredoc) or base != "cat" or len(argv) == 1)
+
+
+def _runs_written_script(command: SimpleCommand, scripts: Mapping[str, str]) -> RoleDecision | None:
+    """When ``command`` runs a script the same command line wrote, the role of that run: AE when
+    the script writes project files (a fix applied by a script), else the run's own role (a test
+    script is RV; anything else is a program run its output may decide). ``None`` otherwise."""
+    if not scripts:
+        return None
+    argv = _strip_wrappers(command.argv)
+    if not argv:
+        return None
+    base = argv[0].rsplit("/", 1)[-1]
+    if base in scripts:
+        name = base
+    elif base in _INTERPRETERS or re.match(r"^python3(\.\d+)?$", base):
+        operands = [a for a in argv[1:] if not a.startswith("-")]
+        name = operands[0].rsplit("/", 1)[-1] if operands else ""
+        if name not in scripts:
+            return None
+    else:
+        return None
+    if program_edits_files(scripts[name]):
+        return _decided(AE, f"runs {name}, a script it wrote that writes project files")
+    decision = classify_simple_command(command)
+    reason = f"runs {name}, a script it wrote: {decision.reason}"
+    if decision.ambiguous:
+        return _ambiguous(reason, decision.candidates, decision.conflict, decision.runs_program)
+    if decision.role is None:
+        return _runs(reason)
+    return _decided(decision.role, reason)
 
 
 def shell_script_of(arguments: Mapping[str, Any]) -> str | None:

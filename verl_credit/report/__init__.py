@@ -1,21 +1,41 @@
-"""Pictures of routed credit (matplotlib) and one self-contained HTML report.
+"""Pictures of routed credit (matplotlib), one self-contained HTML report, and the weakness report.
 
 ``load_credit_lines`` reads a credit JSONL; ``trajectory_figure`` / ``batch_figure`` draw;
-``render_report`` writes the HTML with every picture embedded as a PNG ``data:`` URI.
+``render_report`` writes the HTML with every picture embedded as a PNG ``data:`` URI;
+:mod:`verl_credit.report.weakness` aggregates call credit by role (``verl-credit weakness``).
+
+Names are imported on first use, so ``verl_credit.report.weakness`` (and the records) load
+without matplotlib.
 """
 
-from verl_credit.report.figures import batch_figure, draw_trajectory, trajectory_figure, weight_color
-from verl_credit.report.html import render_report
-from verl_credit.report.records import CreditLine, action_labels, load_credit_lines, parse_credit_line
+from __future__ import annotations
 
-__all__ = [
-    "CreditLine",
-    "action_labels",
-    "batch_figure",
-    "draw_trajectory",
-    "load_credit_lines",
-    "parse_credit_line",
-    "render_report",
-    "trajectory_figure",
-    "weight_color",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "batch_figure": "figures",
+    "draw_trajectory": "figures",
+    "trajectory_figure": "figures",
+    "weight_color": "figures",
+    "render_report": "html",
+    "CreditLine": "records",
+    "action_labels": "records",
+    "load_credit_lines": "records",
+    "parse_credit_line": "records",
+    "compute_weakness_report": "weakness",
+    "format_weakness_report": "weakness",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
