@@ -168,9 +168,8 @@ def test_sigkill_mid_transaction_leaves_no_partial_rows(tmp_path: Path) -> None:
     cache = GraphCache(path, busy_timeout_s=2)  # the dead writer's lock must be gone
     assert cache.keys() == sorted(f"committed-{i}" for i in range(20))
     assert all(cache.get(f"committed-{i}").graph == graph_for(i) for i in range(20))  # type: ignore[union-attr]
-    started = time.monotonic()
-    cache.put("after-crash", graph_for(0), "llm", identity=IDENTITY)
-    assert time.monotonic() - started < 1.0 and len(cache) == 21
+    cache.put("after-crash", graph_for(0), "llm", identity=IDENTITY)  # a stale lock would fail this write
+    assert len(cache) == 21
     assert sqlite3.connect(path).execute("PRAGMA integrity_check").fetchone()[0] == "ok"
 
 

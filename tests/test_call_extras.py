@@ -4,6 +4,7 @@ IG down-weighting, DPO export. Hand-computed expectations in the comments."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -16,30 +17,50 @@ from verl_credit.annotate.roles import analyze_calls, build_call_graph
 from verl_credit.call_graph import CallEdge, CallGraph
 from verl_credit.config import CallCreditConfig, CounterfactualConfig, CreditConfig
 from verl_credit.credit.call_extras import (
-    EDIT_PROPOSERS,
     AdaptiveRoleWeights,
+    apply_counterfactual_calibration,
+    compute_rv_rewards,
+    counterfactual_delta_matrix,
+    downweight_ig_calls,
+    route_rv_reward_tokens,
+    rv_reward_matrix,
+    select_counterfactual_calls,
+)
+from verl_credit.dpo_export import append_dpo_pairs, build_dpo_pairs, counterfactual_message, write_dpo_pairs
+from verl_credit.replay import (
+    EDIT_PROPOSERS,
     AlternativeEdit,
     CounterfactualResult,
     EditProposer,
     RemoveCallProposer,
     ReplayEnvironment,
     ReplayRequest,
-    add_rv_reward,
-    apply_counterfactual_calibration,
     build_edit_proposer,
-    compute_rv_rewards,
-    counterfactual_delta_matrix,
-    downweight_ig_calls,
-    estimate_counterfactual_deltas,
     register_edit_proposer,
-    route_rv_reward_tokens,
-    run_counterfactuals,
     run_replays,
-    rv_reward_matrix,
-    select_counterfactual_calls,
 )
-from verl_credit.dpo_export import append_dpo_pairs, build_dpo_pairs, counterfactual_message, write_dpo_pairs
 from verl_credit.trajectory import Trajectory
+
+
+def replay_selected(
+    trajectories: list[Trajectory], selected: list[tuple[int, int]], env: object, proposer: EditProposer
+) -> list[CounterfactualResult]:
+    """The selected calls replayed through ``env`` with the proposer's alternatives, as the trainer
+    runs them (``replay.run_replays``); calls without an alternative are skipped."""
+    requests = []
+    for row, call_index in selected:
+        alternative = proposer.propose(trajectories[row], call_index)
+        if alternative is not None:
+            requests.append(ReplayRequest(row, call_index, trajectories[row], alternative, trajectories[row].reward))
+
+    async def replay(request: ReplayRequest) -> float:
+        value = env.replay(request.trajectory.messages, request.call_index, request.alternative.arguments)
+        return await value if inspect.isawaitable(value) else value
+
+    results, failures = asyncio.run(run_replays(requests, replay))
+    assert not failures, failures
+    return results
+
 
 # ------------------------------------------------------------------ RV self-correction reward
 
@@ -120,9 +141,6 @@ def test_rv_reward_end_to_end_from_a_transcript() -> None:
     assert graph.roles == ("IG", "RV", "AE", "RV") and status == [None, "fail", None, "pass"]
     matrix = rv_reward_matrix([graph], [status], width=5, mode="self_correction", kappa=0.5)
     assert matrix.tolist() == [[0.0, 0.5, 0.0, 0.0, 0.0]]
-    # A_i + r_i on the RV call only
-    advantage = torch.tensor([[0.6, 0.2, 1.0, 0.2, 0.0]])
-    assert torch.allclose(add_rv_reward(advantage, matrix), torch.tensor([[0.6, 0.7, 1.0, 0.2, 0.0]]))
     # on tokens: merged row with spans [0,3) [4,6) [6,11) [12,14) -> r on tokens 4, 5 only
     tokens = route_rv_reward_tokens(
         matrix,
@@ -233,7 +251,9 @@ def test_counterfactual_driver_with_a_fake_replay_env(env_class: type) -> None:
     assert isinstance(env, ReplayEnvironment) and isinstance(FakeProposer("x"), EditProposer)
     advantage = torch.tensor([[0.3, 0.2, 1.4, 0.1]])
     is_ae = torch.tensor([[0, 0, 1, 0]])
-    results = run_counterfactuals([trajectory], advantage, is_ae, env, FakeProposer("    return 0"), budget=3)
+    results = replay_selected(
+        [trajectory], select_counterfactual_calls(advantage, is_ae, 3), env, FakeProposer("    return 0")
+    )
     assert len(results) == 1 and env.calls == [(2, results[0].alternative.arguments, 9)]
     result = results[0]
     # R(tau) = 1, R(tau') = 0 (the alternative edit is wrong) -> Delta = 1
@@ -246,14 +266,15 @@ def test_counterfactual_driver_with_a_fake_replay_env(env_class: type) -> None:
     delta, has = counterfactual_delta_matrix(results, (1, 4))
     assert delta.tolist() == [[0.0, 0.0, 1.0, 0.0]] and has.tolist() == [[0.0, 0.0, 1.0, 0.0]]
     # an equally good alternative -> Delta 0; no alternative -> skipped
-    same = asyncio.run(estimate_counterfactual_deltas([trajectory], [(0, 2)], env, FakeProposer("    return 1.0")))
+    same = replay_selected([trajectory], [(0, 2)], env, FakeProposer("    return 1.0"))
     assert same[0].delta == 0.0
-    assert asyncio.run(estimate_counterfactual_deltas([trajectory], [(0, 2)], env, FakeProposer("skip"))) == []
+    assert replay_selected([trajectory], [(0, 2)], env, FakeProposer("skip")) == []
 
 
 def test_replay_protocol_matches_the_coding_sandbox() -> None:
-    coding = pytest.importorskip("verl_credit.envs.coding.environment")
     import inspect
+
+    import verl_credit.envs.coding.environment as coding
 
     parameters = list(inspect.signature(coding.CodingEnvironment.replay).parameters)
     assert parameters[:4] == ["self", "trajectory_messages", "call_index", "replacement_arguments"]
@@ -375,14 +396,14 @@ def test_remove_proposer_and_registry(monkeypatch) -> None:
     assert proposer.propose(trajectory, 2) == AlternativeEdit(None, source="remove")  # the edit call
     assert proposer.propose(trajectory, 4) is None  # the final answer has no tool call to remove
     # import path (package.module:Class) and registration
-    by_path = build_edit_proposer("verl_credit.credit.call_extras:RemoveCallProposer")
+    by_path = build_edit_proposer("verl_credit.replay:RemoveCallProposer")
     assert isinstance(by_path, RemoveCallProposer) and by_path is not proposer
     monkeypatch.setitem(EDIT_PROPOSERS, "wrong_fix", lambda: FakeProposer("    return 0"))
     assert build_edit_proposer("wrong_fix").propose(trajectory, 2).arguments["new"] == "    return 0"
     with pytest.raises(ValueError, match="unknown edit proposer 'nope'"):
         build_edit_proposer("nope")
     with pytest.raises(ValueError, match="cannot import edit proposer"):
-        build_edit_proposer("verl_credit.credit.call_extras:Missing")
+        build_edit_proposer("verl_credit.replay:Missing")
     with pytest.raises(ValueError, match="has no propose"):
         build_edit_proposer("collections:OrderedDict")
     with pytest.raises(ValueError, match="already registered"):
@@ -479,7 +500,7 @@ def test_dpo_pairs(tmp_path) -> None:
 def test_counterfactual_calibration_with_the_real_coding_sandbox(tmp_path) -> None:
     """End to end on a shipped task: the correct fix replayed with a plausible-but-wrong edit scores 0,
     so Delta = 1, the edit's weight grows, and a DPO pair prefers the original edit."""
-    coding = pytest.importorskip("verl_credit.envs.coding.environment")
+    import verl_credit.envs.coding.environment as coding
     from verl_credit.config import CreditConfig
     from verl_credit.envs.coding.task_spec import load_task
     from verl_credit.routing import compute_batch_credit
@@ -520,9 +541,8 @@ def test_counterfactual_calibration_with_the_real_coding_sandbox(tmp_path) -> No
             def propose(self, trajectory: Trajectory, call_index: int) -> AlternativeEdit:
                 return wrong
 
-        results = run_counterfactuals(
-            [trajectory], credit.action_advantage[:1], credit.extras["AE"][:1], env, WrongEditProposer(), budget=1
-        )
+        selected = select_counterfactual_calls(credit.action_advantage[:1], credit.extras["AE"][:1], 1)
+        results = replay_selected([trajectory], selected, env, WrongEditProposer())
     finally:
         asyncio.run(env.close())
     assert [(r.call_index, r.counterfactual_reward, r.delta) for r in results] == [(1, 0.0, 1.0)]

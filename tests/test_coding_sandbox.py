@@ -240,7 +240,7 @@ def test_replay_sees_counterfactual_state_and_environment_replay() -> None:
 
 @pytest.mark.timeout(90)
 def test_environment_satisfies_the_replay_protocol_of_counterfactual_calibration() -> None:
-    from verl_credit.credit.call_extras import AlternativeEdit, ReplayEnvironment, estimate_counterfactual_deltas
+    from verl_credit.replay import AlternativeEdit, ReplayEnvironment, ReplayRequest, run_replays
     from verl_credit.trajectory import Trajectory
 
     name = "roman_numerals"
@@ -256,7 +256,13 @@ def test_environment_satisfies_the_replay_protocol_of_counterfactual_calibration
     assert isinstance(env, ReplayEnvironment)
     asyncio.run(env.start({"task": name}))
     try:
-        results = asyncio.run(estimate_counterfactual_deltas([trajectory], [(0, 1)], env, WrongEditProposer()))
+        request = ReplayRequest(0, 1, trajectory, WrongEditProposer().propose(trajectory, 1), trajectory.reward)
+
+        async def replay(request: ReplayRequest) -> float:  # CodingEnvironment.replay is synchronous
+            return env.replay(request.trajectory.messages, request.call_index, request.alternative.arguments)
+
+        results, failures = asyncio.run(run_replays([request], replay))
+        assert failures == []
     finally:
         asyncio.run(env.close())
     # Delta_k = R(tau) - R(tau') = 1 - 0 for the edit that fixed the bug
@@ -369,15 +375,14 @@ def test_bash_cannot_write_outside_the_sandbox(jail: str, outside_dir: Path) -> 
 def test_bash_time_and_output_limits(jail: str) -> None:
     limits = SandboxLimits(bash_timeout_s=2.0, max_output_bytes=1000)
     with CodingSandbox("slugify_dashes", jail=jail, limits=limits) as sandbox:
-        started = time.monotonic()
+        # killed at the limit (the test's own timeout is the hang guard against waiting 100 s)
         result = sandbox.call("bash", {"command": "sleep 100"})
-        elapsed = time.monotonic() - started
         assert result.is_error and "timed out after 2 s" in result.content
-        assert elapsed < 6.0
         # the agent can lower the limit, never raise it
-        started = time.monotonic()
-        assert sandbox.call("bash", {"command": "sleep 100", "timeout": 500}).is_error
-        assert time.monotonic() - started < 6.0
+        raised = sandbox.call("bash", {"command": "sleep 100", "timeout": 500})
+        assert raised.is_error and "timed out after 2 s" in raised.content
+        lowered = sandbox.call("bash", {"command": "sleep 100", "timeout": 1})
+        assert lowered.is_error and "timed out after 1 s" in lowered.content
         flood = sandbox.call("bash", {"command": "yes | head -c 1000000"})
         assert not flood.is_error and "bytes of output omitted" in flood.content
         assert len(flood.content) < 1200  # 1000 kept bytes + the notice + the exit code line
@@ -394,10 +399,9 @@ def test_command_that_closes_its_output_before_exiting_keeps_its_exit_code(jail:
         assert result.content.startswith("exit code 3"), result.content
         assert "done" in result.content
         # still bounded by the time limit when it never exits
-        started = time.monotonic()
+        # (the test's own timeout is the hang guard: a runner that waited would take 100 s)
         result = sandbox.call("bash", {"command": "exec >&- 2>&-; sleep 100", "timeout": 1})
         assert result.is_error and "timed out after 1 s" in result.content
-        assert time.monotonic() - started < 5.0
 
 
 @pytest.mark.skipif(not namespace_jail_available(), reason="Linux namespaces not usable here")
@@ -409,7 +413,7 @@ def test_namespace_jail_has_no_network_no_survivors_and_hides_task_data(tmp_path
     )
     assert network.exit_code != 0 and "unreachable" in network.output.lower()
     background = run_jailed(f"sleep {marker} & echo started", tmp_path, mode="namespace", timeout_s=5)
-    assert background.exit_code == 0 and background.seconds < 4
+    assert background.exit_code == 0  # not timed out: the run did not wait for the background sleep
     time.sleep(0.2)
     survivors = [
         p for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline(p).endswith(f"sleep\x00{marker}\x00")

@@ -13,8 +13,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
-
-pytest.importorskip("tau2", reason="needs pip install 'verl-credit[tau2]'")
+import tau2
 
 ROOT = Path(__file__).resolve().parents[1]
 DOMAINS = ("airline", "retail", "telecom")
@@ -29,7 +28,6 @@ def _load_script() -> Any:
 
 
 def _split_file(domain: str) -> dict[str, list[str]]:
-    import tau2
 
     path = Path(tau2.__file__).parent / "data" / "tau2" / "domains" / domain / "split_tasks.json"
     return json.loads(path.read_text())

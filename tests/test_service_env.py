@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from verl_credit.envs.base import build_environment
+from verl_credit.envs.base import build_environment, take_turn_reward
 from verl_credit.envs.service import ServiceEnvironment, ServiceEpisode, build_task, expected_database
 from verl_credit.envs.service.agent import MACRO_INDEX, MACROS, LinearSoftmaxPolicy, run_episode
 from verl_credit.envs.service.roles import build_service_call_graph
@@ -231,3 +231,28 @@ def test_sample_groups_is_deterministic_and_mixes_outcomes():
     assert rewards == {0.0, 1.0}
     with pytest.raises(ValueError, match="groups"):
         sample_groups(0, 4)
+
+
+def test_turn_rewards_sum_to_the_share_of_required_changes_made() -> None:
+    """``turn_rewards=true``: each finished action earns the share of the task's required database
+    changes it made; the correct writes of a refund task sum to 1 (and the episode's reward is 1)."""
+
+    async def episode() -> tuple[list[float], float]:
+        env = ServiceEnvironment(turn_rewards=True)
+        await env.start({"variant": "refund", "seed": 5})
+        task = env.episode.task
+        earned = [take_turn_reward(env)]  # an action that wrote nothing
+        for item in list(task.database.orders[task.order_id].items):
+            await env.call_tool("return_item", {"order_id": task.order_id, "item_id": item.item_id})
+            earned.append(take_turn_reward(env))
+        method_id = task.payment_method_id(task.final_method or "original")
+        await env.call_tool("refund_order", {"order_id": task.order_id, "payment_method_id": method_id})
+        earned.append(take_turn_reward(env))
+        return earned, await env.reward()
+
+    earned, reward = asyncio.run(episode())
+    assert reward == 1.0 and earned[0] == 0.0 and all(value > 0 for value in earned[1:])
+    assert sum(earned) == pytest.approx(1.0)
+    assert take_turn_reward(ServiceEnvironment()) is None  # off by default: no turn rewards
+    with pytest.raises(ValueError, match="turn_rewards must be true or false"):
+        ServiceEnvironment(turn_rewards="yes")

@@ -26,9 +26,7 @@ from typing import Any
 
 import httpx
 import pytest
-
-pytest.importorskip("tau2", reason="tau2 tests need pip install 'verl-credit[tau2]'")
-
+import tau2  # noqa: F401  (a required test dependency: a broken install fails, never skips)
 from openai_stub_server import OpenAIStubServer, Reply
 
 from verl_credit.envs.base import build_environment
@@ -537,7 +535,6 @@ def test_credit_agent_loop_plays_a_tau2_episode(stub_server: OpenAIStubServer, m
     Airline train task 5: the gold actions only read (get_user_details), nothing is to be communicated,
     so an agent that looks the user up and then declines leaves the gold DB state: tau2 gives 1.0.
     """
-    pytest.importorskip("verl")
     from pathlib import Path
 
     import torch

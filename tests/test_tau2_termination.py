@@ -25,8 +25,7 @@ from typing import Any
 
 import httpx
 import pytest
-
-pytest.importorskip("tau2", reason="tau2 tests need pip install 'verl-credit[tau2]'")
+import tau2  # noqa: F401  (a required test dependency: a broken install fails, never skips)
 
 from verl_credit.envs.tau2 import Tau2Environment
 from verl_credit.envs.tau2 import domains as domains_module
@@ -365,7 +364,6 @@ def test_runner_keeps_and_runs_the_first_max_parallel_calls_like_verl() -> None:
 
 
 def test_runner_cut_equals_verls_build_assistant_message() -> None:
-    pytest.importorskip("verl")
     from types import SimpleNamespace
 
     from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop

@@ -175,7 +175,6 @@ def test_assistant_mask_covers_exactly_the_assistant_messages(tokenizer, episode
 
 def test_agent_tools_are_what_the_agent_loop_renders():
     """The warm-start renders the tools exactly as ``credit_agent`` hands them to the chat template."""
-    pytest.importorskip("verl")
     from verl_credit.verl.agent_loop import EnvironmentTool, prompt_tool_schema
 
     rendered = [prompt_tool_schema(EnvironmentTool(schema)) for schema in TOOL_SCHEMAS]

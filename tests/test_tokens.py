@@ -7,21 +7,27 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from verl_credit.config import CreditConfig
-from verl_credit.credit.tokens import scatter_action_values_to_tokens, spans_from_response_mask, token_span_index
+from verl_credit.credit.tokens import scatter_action_values_to_tokens, spans_from_response_mask
 from verl_credit.graph import validate_graph
 from verl_credit.routing import compute_batch_credit, route_token_advantages
 
 
-def test_token_span_index_hand_example() -> None:
-    # R = 10; spans [1,3) [3,3) (empty) [5,9) and one padding span
+def test_spans_tile_the_response_hand_example() -> None:
+    # R = 10; spans [1,3) [3,3) (empty) [5,9) of actions 0, 1, 2 and one padding span (action -1)
+    values = torch.tensor([[1.0, 2.0, 3.0]])
+    action = torch.tensor([[0, 1, 2, -1]])
     start = torch.tensor([[1, 3, 5, 0]])
     end = torch.tensor([[3, 3, 9, 0]])
-    assert token_span_index(start, end, 10).tolist() == [[-1, 0, 0, -1, -1, 2, 2, 2, 2, -1]]
+    tokens = scatter_action_values_to_tokens(values, action, start, end, 10)
+    assert tokens.tolist() == [[0.0, 1.0, 1.0, 0.0, 0.0, 3.0, 3.0, 3.0, 3.0, 0.0]]
 
 
 def test_adjacent_spans() -> None:
-    start, end = torch.tensor([[0, 2]]), torch.tensor([[2, 4]])
-    assert token_span_index(start, end, 5).tolist() == [[0, 0, 1, 1, -1]]
+    values = torch.tensor([[1.0, 2.0]])
+    tokens = scatter_action_values_to_tokens(
+        values, torch.tensor([[0, 1]]), torch.tensor([[0, 2]]), torch.tensor([[2, 4]]), 5
+    )
+    assert tokens.tolist() == [[1.0, 1.0, 2.0, 2.0, 0.0]]
 
 
 def test_scatter_values() -> None:

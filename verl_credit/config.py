@@ -11,22 +11,25 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from verl_credit.anchor_states import ANCHOR_STATES
 from verl_credit.credit.call_credit import CALL_CREDIT_MODES, ROLES
+from verl_credit.credit.gigpo import GIGPO_MODES
 from verl_credit.credit.iapo import NEG_ROUTES
+from verl_credit.estimators.registry import estimator_names
 
 __all__ = [
-    "ESTIMATORS",
     "RV_REWARDS",
     "AdaptiveOmegaConfig",
     "CallCreditConfig",
     "CounterfactualConfig",
     "CreditConfig",
     "DPOExportConfig",
+    "GiGPOConfig",
     "IAPOConfig",
     "IGDownweightConfig",
+    "TurnRewardConfig",
 ]
 
-ESTIMATORS: tuple[str, ...] = ("iapo", "call_credit", "grpo")
 RV_REWARDS: tuple[str, ...] = ("off", "self_correction", "literal")
 
 
@@ -259,22 +262,76 @@ class CallCreditConfig:
 
 
 @dataclass(frozen=True)
+class GiGPOConfig:
+    """``credit.gigpo``: GiGPO's episode + anchor-state step advantage (DESIGN.md section 4b)."""
+
+    step_advantage_w: float = 1.0
+    """Weight of the step advantage ``A^S`` added to the episode advantage."""
+    gamma: float = 0.95
+    """Discount of the step return ``R_i = gamma^(T-1-i) R``."""
+    mode: str = "mean_norm"
+    """``mean_norm`` (``R_i - mean``) or ``mean_std_norm`` (divided by ``std + eps``)."""
+    state: str = "prefix"
+    """Anchor state: ``prefix`` (the whole message prefix) or ``last_observation``."""
+    eps: float = 1e-6
+    """Added to the anchor group's std in ``mean_std_norm``."""
+
+    def __post_init__(self) -> None:
+        _check_finite_fields(self, "credit.gigpo")
+        if self.mode not in GIGPO_MODES:
+            raise ValueError(f"credit.gigpo.mode must be one of {GIGPO_MODES}, got {self.mode!r}")
+        if self.state not in ANCHOR_STATES:
+            raise ValueError(f"credit.gigpo.state must be one of {ANCHOR_STATES}, got {self.state!r}")
+        if not 0 < self.gamma <= 1:
+            raise ValueError(f"credit.gigpo.gamma must be in (0, 1], got {self.gamma}")
+        if self.step_advantage_w < 0:
+            raise ValueError(f"credit.gigpo.step_advantage_w must be >= 0, got {self.step_advantage_w}")
+        if self.eps <= 0:
+            raise ValueError(f"credit.gigpo.eps must be > 0, got {self.eps}")
+
+
+@dataclass(frozen=True)
+class TurnRewardConfig:
+    """``credit.turn_reward``: per-turn environment rewards with a leave-one-out baseline (DESIGN 4b)."""
+
+    lambda_turn: float = 1.0
+    """Weight of ``G_i - b_i`` added to the outcome advantage."""
+    gamma: float = 1.0
+    """Discount of the turn return ``G_i = sum_{k >= i} gamma^(k-i) r_k``."""
+
+    def __post_init__(self) -> None:
+        _check_finite_fields(self, "credit.turn_reward")
+        if self.lambda_turn < 0:
+            raise ValueError(f"credit.turn_reward.lambda_turn must be >= 0, got {self.lambda_turn}")
+        if not 0 < self.gamma <= 1:
+            raise ValueError(f"credit.turn_reward.gamma must be in (0, 1], got {self.gamma}")
+
+
+#: the plain (one-level) estimator sections of ``credit``: key -> settings class
+SECTIONS: dict[str, type] = {"iapo": IAPOConfig, "gigpo": GiGPOConfig, "turn_reward": TurnRewardConfig}
+
+
+@dataclass(frozen=True)
 class CreditConfig:
     """Everything the estimators need: which one, GRPO normalization, and each method's knobs."""
 
     estimator: str = "iapo"
-    """``iapo``, ``call_credit`` or ``grpo`` (the reference)."""
+    """A registered estimator (``verl_credit.estimators``): ``iapo``, ``call_credit``, ``gigpo``,
+    ``turn_reward`` or ``grpo`` (the reference)."""
     norm_adv_by_std_in_grpo: bool = True
     """Divide by the group std (GRPO) or not (Dr.GRPO); verl's ``algorithm`` key of that name."""
     epsilon: float = 1e-6
     """GRPO's std epsilon (verl's default)."""
     iapo: IAPOConfig = field(default_factory=IAPOConfig)
     call_credit: CallCreditConfig = field(default_factory=CallCreditConfig)
+    gigpo: GiGPOConfig = field(default_factory=GiGPOConfig)
+    turn_reward: TurnRewardConfig = field(default_factory=TurnRewardConfig)
 
     def __post_init__(self) -> None:
         _check_finite_fields(self, "credit")
-        if self.estimator not in ESTIMATORS:
-            raise ValueError(f"credit estimator must be one of {ESTIMATORS}, got {self.estimator!r}")
+        names = estimator_names()
+        if self.estimator not in names:
+            raise ValueError(f"credit estimator must be one of {names}, got {self.estimator!r}")
 
     @classmethod
     def from_mapping(
@@ -287,7 +344,9 @@ class CreditConfig:
         """
         merged: dict[str, Any] = {k: v for k, v in dict(values or {}).items() if k not in ignore}
         merged.update(overrides)
-        iapo = build_section(IAPOConfig, merged.pop("iapo", None) or {}, "credit.iapo")
+        sections = {
+            name: build_section(kind, merged.pop(name, None) or {}, f"credit.{name}") for name, kind in SECTIONS.items()
+        }
         call_credit_values = dict(merged.pop("call_credit", None) or {})
         if "omega" in call_credit_values:
             call_credit_values["omega"] = dict(call_credit_values["omega"])
@@ -299,11 +358,11 @@ class CreditConfig:
                         raise ValueError(f"credit.call_credit.{name} must be a mapping, got {part!r}")
                     call_credit_values[name] = build_section(kind, part or {}, f"credit.call_credit.{name}")
         call_credit = build_section(CallCreditConfig, call_credit_values, "credit.call_credit")
-        top = {f.name for f in fields(cls)} - {"iapo", "call_credit"}
+        top = {f.name for f in fields(cls)} - {"call_credit", *SECTIONS}
         unknown = sorted(set(merged) - top)
         if unknown:
             raise ValueError(f"unknown key(s) {', '.join('credit.' + k for k in unknown)}; known: {sorted(top)}")
-        return cls(iapo=iapo, call_credit=call_credit, **merged)
+        return cls(call_credit=call_credit, **sections, **merged)
 
 
 def _check_finite(value: Any, key: str) -> None:

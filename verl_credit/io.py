@@ -17,6 +17,7 @@ import re
 import secrets
 import stat
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +27,16 @@ __all__ = [
     "MAX_DEPTH",
     "InputError",
     "OutputError",
+    "RolloutReader",
+    "RolloutScan",
     "count_lines",
+    "group_key",
     "group_keys",
     "iter_jsonl",
     "load_trajectories",
     "parse_json_line",
     "read_rollouts",
+    "scan_rollouts",
     "write_jsonl",
 ]
 
@@ -41,6 +46,9 @@ MAX_DEPTH = 64
 _MAX_INT_DIGITS = 309
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _ESCAPED_BYTE = re.compile("[\udc80-\udcff]")  # an undecodable byte under errors="surrogateescape"
+# a JSON escape of a surrogate code point: text decoded from UTF-8 holds no surrogate otherwise
+# (an undecodable byte is refused first, see _ESCAPED_BYTE)
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 class InputError(ValueError):
@@ -98,8 +106,40 @@ def _json_path(path: list[str | int]) -> str:
     return out or "<record>"
 
 
-def _check_value(value: Any) -> str | None:
-    """The first problem (depth, lone surrogate) in a parsed value, or ``None``; iterative."""
+def _has_problem(value: Any, strings: bool) -> bool:
+    """Whether :func:`_check_value` would find a problem: the same checks without building a path
+    per value (containers only are stacked; strings are searched only when ``strings``). Linear in
+    the size of the value, with no per-value allocation."""
+    if not isinstance(value, dict | list):
+        return strings and isinstance(value, str) and _SURROGATE.search(value) is not None
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if depth >= MAX_DEPTH:
+            return True
+        if isinstance(item, dict):
+            if strings and any(_SURROGATE.search(key) for key in item):
+                return True
+            children: Iterable[Any] = item.values()
+        else:
+            children = item
+        for child in children:
+            if isinstance(child, dict | list):
+                stack.append((child, depth + 1))
+            elif strings and isinstance(child, str) and _SURROGATE.search(child):
+                return True
+    return False
+
+
+def _check_value(value: Any, strings: bool = True) -> str | None:
+    """The first problem (depth, lone surrogate) in a parsed value, or ``None``; iterative.
+
+    The common case (no problem) is decided by :func:`_has_problem`; only a value with a problem
+    is walked again with paths, to name the field. ``strings=False`` skips the surrogate search
+    (the caller knows the text held neither a surrogate nor a ``\\ud800``-``\\udfff`` escape).
+    """
+    if not _has_problem(value, strings):
+        return None
     stack: list[tuple[Any, int, list[str | int]]] = [(value, 0, [])]
     while stack:
         item, depth, where = stack.pop()
@@ -137,7 +177,8 @@ def parse_json_line(text: str) -> Any:
         raise ValueError(f"bad JSON: nested deeper than {MAX_DEPTH} levels") from None
     except ValueError as exc:  # e.g. Python's int-string conversion limit
         raise ValueError(f"bad JSON: {exc}") from None
-    problem = _check_value(value)
+    strings = _SURROGATE_ESCAPE.search(text) is not None or _SURROGATE.search(text) is not None
+    problem = _check_value(value, strings=strings)
     if problem is not None:
         raise ValueError(problem)
     return value
@@ -169,6 +210,7 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, Any]]:
                 value = parse_json_line(line)
             except ValueError as exc:
                 raise InputError(path, number, str(exc)) from None
+            del line  # a huge line is not kept alive next to its parsed value
             yield number, value
 
 
@@ -198,10 +240,43 @@ def _load_records(path: str | Path) -> Iterator[tuple[int, Any, Trajectory]]:
         yield number, record, trajectory
 
 
+def group_key(record: dict[str, Any]) -> str:
+    """The GRPO group id of one record (see :func:`group_keys`)."""
+    return json.dumps(record.get("uid", record.get("id")), sort_keys=True, ensure_ascii=False)
+
+
 def group_keys(records: Iterable[Any]) -> list[str]:
     """GRPO group ids that keep JSON types apart: ``json.dumps`` of each record's ``uid``
     (its ``id`` when absent), so ``1`` and ``"1"``, ``null`` and ``"None"`` are different groups."""
-    return [json.dumps(r.get("uid", r.get("id")), sort_keys=True, ensure_ascii=False) for r in records]
+    return [group_key(r) for r in records]
+
+
+class RolloutReader:
+    """The trajectories of a rollouts file, one at a time: iterating yields ``(line_number,
+    group_key, trajectory)`` (:func:`group_key`), and ``duplicates`` counts the repeated ids
+    seen so far; ``warn`` gets one ``file:line: warning: ...`` line per duplicate id.
+
+    Besides the current line, it keeps only each id's first line number (for the warning).
+    """
+
+    def __init__(self, path: str | Path, warn: Callable[[str], Any] | None = None):
+        self.path, self.warn = path, warn
+        self.duplicates = 0
+        self._first_line: dict[str, int] = {}
+
+    def __iter__(self) -> Iterator[tuple[int, str, Trajectory]]:
+        for number, record, trajectory in _load_records(self.path):
+            first = self._first_line.setdefault(trajectory.id, number)
+            if first != number:
+                self.duplicates += 1
+                if self.warn is not None:
+                    self.warn(
+                        f"{self.path}:{number}: warning: duplicate trajectory id {trajectory.id!r} "
+                        f"(first on line {first})"
+                    )
+            key = group_key(record)
+            del record
+            yield number, key, trajectory
 
 
 def read_rollouts(
@@ -210,24 +285,106 @@ def read_rollouts(
     """Every trajectory of a rollouts file, its group key (:func:`group_keys`) and the number
     of duplicate ids; ``warn`` gets one ``file:line: warning: ...`` line per duplicate id."""
     trajectories: list[Trajectory] = []
-    records: list[Any] = []
-    first_line: dict[str, int] = {}
-    duplicates = 0
-    for number, record, trajectory in _load_records(path):
-        if trajectory.id in first_line:
-            duplicates += 1
-            if warn is not None:
-                warn(
-                    f"{path}:{number}: warning: duplicate trajectory id {trajectory.id!r} "
-                    f"(first on line {first_line[trajectory.id]})"
-                )
-        else:
-            first_line[trajectory.id] = number
+    keys: list[str] = []
+    reader = RolloutReader(path, warn)
+    for _, key, trajectory in reader:
         trajectories.append(trajectory)
-        records.append(record)
+        keys.append(key)
         if progress is not None:
             progress(1)
-    return trajectories, group_keys(records), duplicates
+    return trajectories, keys, reader.duplicates
+
+
+@dataclass
+class RolloutScan:
+    """What one cheap pass over a rollouts file tells ``verl-credit route`` before it routes
+    (:func:`scan_rollouts`); nothing of any transcript is kept.
+
+    ``lines``: non-blank lines; ``records``: lines that look like trajectories (a JSON object
+    with ``id``, ``messages`` and a finite number ``reward``); ``max_actions``: the most
+    assistant messages of one of them (the batch width of the whole file); ``max_abs_reward``;
+    ``groups``: distinct group keys; ``reopened``: ``(line, key, first_line)`` of the first
+    record whose group already ended earlier in the file (``None``: the file is grouped, every
+    group's lines are consecutive).
+    """
+
+    lines: int = 0
+    records: int = 0
+    max_actions: int = 0
+    max_abs_reward: float = 0.0
+    groups: int = 0
+    reopened: tuple[int, str, int] | None = None
+
+    @property
+    def grouped(self) -> bool:
+        return self.reopened is None
+
+
+def scan_rollouts(path: str | Path, progress: Callable[[int], Any] | None = None) -> RolloutScan:
+    """One pass over ``path`` holding one line at a time: counts, width, group structure.
+
+    Lenient by design: a line that does not parse, or is not a trajectory, is skipped here (the
+    strict reader reports it, naming file, line and field, when it gets there). Every line the
+    strict reader accepts is read here with the same values (``reward``, group key, number of
+    assistant messages), so the scan's figures are those of the file the strict reader sees.
+    """
+    scan = RolloutScan()
+    group_start: dict[str, int] = {}  # key -> first line of the group
+    current: str | None = None
+    handle = _open_text(path)
+    with handle:
+        number = 0
+        while True:
+            try:
+                line = handle.readline()
+            except OSError as exc:
+                raise InputError(path, number + 1, f"cannot read: {exc.strerror or exc}") from None
+            if not line:
+                break
+            number += 1
+            if not line.strip():
+                continue
+            scan.lines += 1
+            if progress is not None:
+                progress(1)
+            facts = _record_facts(line)
+            del line
+            if facts is None:
+                continue
+            key, reward, actions = facts
+            scan.records += 1
+            scan.max_actions = max(scan.max_actions, actions)
+            scan.max_abs_reward = max(scan.max_abs_reward, abs(reward))
+            if key != current:
+                if key in group_start:
+                    if scan.reopened is None:
+                        scan.reopened = (number, key, group_start[key])
+                else:
+                    group_start[key] = number
+                current = key
+    scan.groups = len(group_start)
+    return scan
+
+
+def _record_facts(line: str) -> tuple[str, float, int] | None:
+    """``(group key, reward, assistant messages)`` of a line that looks like a trajectory, else None."""
+    try:
+        record = json.loads(line)
+        if not isinstance(record, dict) or "id" not in record or "messages" not in record:
+            return None
+        reward = record.get("reward")
+        if isinstance(reward, bool) or not isinstance(reward, int | float):
+            return None
+        reward = float(reward)
+        if not math.isfinite(reward):
+            return None
+        messages = record["messages"]
+        if not isinstance(messages, list):
+            return None
+        actions = sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant")
+        return group_key(record), reward, actions
+    except Exception:  # anything odd is the strict reader's to report
+        return None
 
 
 def write_jsonl(path: str | Path, records: Iterable[dict[str, Any]]) -> int:

@@ -17,7 +17,7 @@ Definitions:
   (a group of one has ``A = R``, verl's rule). Early in training, and on tasks the policy always
   or never solves, this is high; ``algorithm.filter_groups`` (DAPO) drops such groups.
 
-Counters the trainer adds (``verl_credit.verl.trainer.compute_credit_advantages``):
+Counters the trainer adds (``verl_credit.verl.credit_step.compute_credit_advantages``):
 ``nonfinite_rewards`` (sessions whose reward was NaN/inf: treated as 0 and their whole group's
 advantages set to 0, so the step neither crashes nor trains on NaN) and ``nonfinite_advantages``
 (token advantages still non-finite after routing, set to 0; expected 0).
@@ -164,6 +164,9 @@ def compute_credit_metrics(
 
     if rewards is not None and groups is not None:
         metrics["credit/zero_adv_groups"] = zero_variance_group_share(rewards, groups)
+
+    if "anchor_matched" in credit.extras and total_actions:  # gigpo: share of actions in an anchor group of 2+
+        metrics["credit/anchor_match_rate"] = float(credit.extras["anchor_matched"].sum()) / total_actions
 
     if trajectories:
         metrics["credit/tool_call_redundancy"] = sum(count_redundant_tool_calls(t) for t in trajectories) / len(

@@ -2,9 +2,11 @@
 
 Shared by the verl trainer, the CLI (``verl-credit route``), the demo and the benchmarks:
 
-    scores + group ids  --grpo.py-->  A_tau (B,)
-    graphs + lengths    --pad-->      degrees (B, T)  --iapo.py / call_credit.py-->  w (B, T)
-    A_tau * w           --tokens.py-->  (rows, response_len)
+    scores + group ids  --estimator.trajectory_advantage-->  A_tau (B,)     (GRPO's, credit/grpo.py)
+    inputs + lengths    --estimator.action_credit-->  w (B, T)  or  A_i (B, T)  (credit/*.py math)
+    A_tau * w  or  A_i  --tokens.py-->  (rows, response_len)
+
+The estimator is looked up by name in ``verl_credit.estimators`` (one module per estimator).
 
 Nothing here knows where a graph came from (annotator, cache, file) or how rows were packed.
 """
@@ -21,10 +23,11 @@ import torch
 
 from verl_credit.call_graph import CallGraph
 from verl_credit.config import CreditConfig
-from verl_credit.credit.call_credit import ROLES, compute_call_scores, compute_call_weights
-from verl_credit.credit.grpo import WIDE_SCORE, compute_grpo_trajectory_advantage
-from verl_credit.credit.iapo import compute_iapo_weights
+from verl_credit.credit.grpo import WIDE_SCORE
 from verl_credit.credit.tokens import scatter_action_values_to_tokens
+from verl_credit.estimators.call_credit import pad_call_graphs
+from verl_credit.estimators.iapo import pad_influence_graphs
+from verl_credit.estimators.registry import EstimatorInputs, get_estimator
 from verl_credit.graph import InfluenceGraph
 
 __all__ = [
@@ -44,7 +47,9 @@ class BatchCredit:
     """Per-trajectory credit for a batch. Tensors are padded to ``T`` actions (padding: length 0).
 
     ``weight`` is the routed ``w`` actually applied (1 where ``A = 0``); ``action_advantage`` is
-    ``A_tau * w``; ``w_plus``/``w_minus`` are both branches (IAPO) for diagnostics.
+    ``A_tau * w``; ``w_plus``/``w_minus`` are both branches (IAPO) for diagnostics. For an
+    ``additive`` estimator (``gigpo``, ``turn_reward``) ``action_advantage`` is its own per-action
+    value and ``weight`` is 1 on real actions.
     """
 
     estimator: str
@@ -54,6 +59,7 @@ class BatchCredit:
     weight: torch.Tensor  # (B, T)
     action_advantage: torch.Tensor  # (B, T)
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
+    additive: bool = False
 
     def weights_of(self, row: int) -> list[float]:
         return self.weight[row, : int(self.num_actions[row])].tolist()
@@ -70,39 +76,6 @@ def pad_lengths(lengths: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.T
     padded = np.zeros((len(lengths), width), dtype=np.float64)
     padded[present] = np.fromiter(chain.from_iterable(lengths), dtype=np.float64, count=int(counts.sum()))
     return torch.from_numpy(padded), torch.from_numpy(counts)
-
-
-def pad_influence_graphs(graphs: Sequence[InfluenceGraph], width: int) -> dict[str, torch.Tensor]:
-    """Stack graph degrees into ``(B, width)`` float64 tensors: d_plus, d_minus, d_in, errors.
-
-    Uses each graph's cached :attr:`InfluenceGraph.degree_table` (one copy per graph).
-    """
-    table = np.zeros((4, len(graphs), width), dtype=np.float64)
-    for row, graph in enumerate(graphs):
-        if graph.num_actions > width:
-            raise ValueError(f"graph {row} has {graph.num_actions} actions, more than the batch width {width}")
-        table[:, row, : graph.num_actions] = graph.degree_table
-    return {name: torch.from_numpy(table[k]) for k, name in enumerate(("d_plus", "d_minus", "d_in", "errors"))}
-
-
-def pad_call_graphs(graphs: Sequence[CallGraph], width: int, omega: dict[str, float]) -> dict[str, torch.Tensor]:
-    """Stack call graphs into ``(B, width)`` float64 tensors: omega, out_degree, valid, one-hot roles.
-
-    Uses each graph's cached :attr:`CallGraph.role_table` (one copy per graph).
-    """
-    table = np.zeros((1 + len(ROLES), len(graphs), width), dtype=np.float64)
-    for row, graph in enumerate(graphs):
-        if graph.num_calls > width:
-            raise ValueError(f"call graph {row} has {graph.num_calls} calls, more than the batch width {width}")
-        table[:, row, : graph.num_calls] = graph.role_table
-    one_hot = table[1:]
-    out = {
-        "out_degree": table[0],
-        "valid": one_hot.sum(axis=0),
-        "omega": np.tensordot(np.array([omega[role] for role in ROLES]), one_hot, axes=1),
-    }
-    out.update({role: one_hot[k] for k, role in enumerate(ROLES)})
-    return {name: torch.from_numpy(np.ascontiguousarray(value)) for name, value in out.items()}
 
 
 def check_finite_scores(
@@ -144,6 +117,8 @@ def compute_batch_credit(
     graphs: Sequence[InfluenceGraph] | None = None,
     call_graphs: Sequence[CallGraph] | None = None,
     names: Sequence[Any] | None = None,
+    anchor_states: Sequence[Sequence[str]] | None = None,
+    turn_rewards: Sequence[Sequence[float] | None] | None = None,
 ) -> BatchCredit:
     """Trajectory advantage and per-action weights for a batch of B trajectories.
 
@@ -155,6 +130,11 @@ def compute_batch_credit(
         graphs: B influence graphs (``iapo``); validated already.
         call_graphs: B call graphs (``call_credit``).
         names: B trajectory names, only for the message of a non-finite score.
+        anchor_states: B lists of per-action state digests (``gigpo``, ``turn_reward``).
+        turn_rewards: B lists of per-action environment rewards, or None per trajectory.
+
+    The estimator is ``verl_credit.estimators.get_estimator(config.estimator)``; what it needs
+    (``Estimator.needs``) must be given.
 
     Returns:
         :class:`BatchCredit` (weights in float64; advantages in ``scores``' dtype).
@@ -165,49 +145,25 @@ def compute_batch_credit(
     """
     if scores.dim() == 1 and len(index) == scores.shape[0]:
         check_finite_scores(scores, index, names)
-    advantage = compute_grpo_trajectory_advantage(
-        scores, index, epsilon=config.epsilon, norm_adv_by_std_in_grpo=config.norm_adv_by_std_in_grpo
-    )
+    estimator = get_estimator(config.estimator)
+    advantage = estimator.trajectory_advantage(scores, index, config)
     padded_lengths, counts = pad_lengths(lengths)
     width = padded_lengths.shape[1]
     valid = torch.arange(width).unsqueeze(0) < counts.unsqueeze(1)
-    extras: dict[str, torch.Tensor] = {}
-    if config.estimator == "grpo":
-        weight = valid.to(torch.float64)
-    elif config.estimator == "iapo":
-        if graphs is None or len(graphs) != len(lengths):
-            raise ValueError("the iapo estimator needs one influence graph per trajectory")
-        degrees = pad_influence_graphs(graphs, width)
-        cfg = config.iapo
-        routed = compute_iapo_weights(
-            advantage.to(torch.float64),
-            degrees["d_plus"],
-            degrees["d_minus"],
-            degrees["d_in"],
-            degrees["errors"],
-            padded_lengths,
-            beta_plus=cfg.beta_plus,
-            clip_c=cfg.clip_c,
-            neg_route=cfg.neg_route,  # type: ignore[arg-type]
-            beta_minus=cfg.beta_minus,
-            eps=cfg.eps,
-        )
-        weight = routed.pop("weight")
-        extras = {**routed, "errors": degrees["errors"]}
-    elif config.estimator == "call_credit":
-        if call_graphs is None or len(call_graphs) != len(lengths):
-            raise ValueError("the call_credit estimator needs one call graph per trajectory")
-        cfg_call = config.call_credit
-        padded = pad_call_graphs(call_graphs, width, dict(cfg_call.omega))
-        call_scores = compute_call_scores(
-            padded["omega"], padded["out_degree"], padded["valid"], smoothing=cfg_call.smoothing, gamma=cfg_call.gamma
-        )
-        weight = compute_call_weights(call_scores, padded_lengths, padded["valid"], mode=cfg_call.mode)  # type: ignore[arg-type]
-        extras = {"call_scores": call_scores, **{role: padded[role] for role in ROLES}}
+    inputs = EstimatorInputs(
+        uids=list(index),
+        scores=scores,
+        graphs=graphs,
+        call_graphs=call_graphs,
+        anchor_states=anchor_states,
+        turn_rewards=turn_rewards,
+    )
+    routed = estimator.action_credit(advantage.to(torch.float64), padded_lengths, valid, inputs, config)
+    weight = routed.weight * valid
+    if routed.action_advantage is None:
+        action_advantage = (advantage.unsqueeze(-1).to(torch.float64) * weight).to(scores.dtype)
     else:
-        raise ValueError(f"unknown estimator {config.estimator!r}")
-    weight = weight * valid
-    action_advantage = (advantage.unsqueeze(-1).to(torch.float64) * weight).to(scores.dtype)
+        action_advantage = (routed.action_advantage * valid).to(scores.dtype)
     return BatchCredit(
         estimator=config.estimator,
         trajectory_advantage=advantage,
@@ -215,7 +171,8 @@ def compute_batch_credit(
         num_actions=counts,
         weight=weight,
         action_advantage=action_advantage,
-        extras=extras,
+        extras=routed.extras,
+        additive=routed.action_advantage is not None,
     )
 
 
@@ -244,7 +201,10 @@ def route_token_advantages(
         ``(rows, R)`` advantages, 0 outside action spans.
     """
     row_advantage = credit.trajectory_advantage.to(dtype)[row_trajectory]
-    action_values = row_advantage.unsqueeze(-1) * credit.weight.to(dtype)[row_trajectory]
+    if credit.additive:
+        action_values = credit.action_advantage.to(dtype)[row_trajectory]
+    else:
+        action_values = row_advantage.unsqueeze(-1) * credit.weight.to(dtype)[row_trajectory]
     return scatter_action_values_to_tokens(
         action_values, span_action, span_start, span_end, response_length, gap_values=row_advantage * 0.0
     )

@@ -275,10 +275,28 @@ def render_action_text(action: Action) -> str:
     return "\n".join(parts)
 
 
+#: texts longer than this are counted in slices of this many characters (bounded memory)
+_COUNT_CHUNK = 1 << 16
+
+
 def whitespace_token_count(text: str) -> int:
     """The CLI's documented fallback tokenizer: number of whitespace-separated words (>= 1 for
-    non-empty text, 0 for empty text)."""
-    return len(text.split())
+    non-empty text, 0 for empty text).
+
+    Same count as ``len(text.split())``, but a long text is counted slice by slice, so the memory
+    it needs is that of one slice's words, not a list of every word of a huge message.
+    """
+    if len(text) <= _COUNT_CHUNK:
+        return len(text.split())
+    count = 0
+    previous_in_word = False  # the last character of the previous slice was not whitespace
+    for start in range(0, len(text), _COUNT_CHUNK):
+        chunk = text[start : start + _COUNT_CHUNK]
+        count += len(chunk.split())
+        if previous_in_word and not chunk[0].isspace():
+            count -= 1  # a word cut by the slice boundary was counted twice
+        previous_in_word = not chunk[-1].isspace()
+    return count
 
 
 def _check_lengths(lengths: Any, num_assistant: int) -> None:

@@ -11,10 +11,11 @@
 # 4. trains with `python -m verl_credit.main` (recipes/cpu/train.sh: credit_sync trainer, credit_agent
 #    loop, multi-turn, the world's simulated customer, rule annotator in the rollout, vLLM-CPU rollout,
 #    FSDP2 actor on gloo, real weight sync): grpo, iapo (with a validation pass first) and call_credit
-#    (adaptive omega on, checkpoint at its last step), then a call_credit run resumed from that checkpoint;
+#    (adaptive omega on, checkpoint at its last step), then a call_credit run resumed from that checkpoint,
+#    and one gigpo step with the world's per-turn rewards on;
 # 5. recomputes every training row's advantages offline from the dumped transcripts, graphs and rewards
 #    (verl_credit/verl/cpu/check.py) and prints, last:
-#    cpu training: grpo N steps, iapo N steps, call_credit N steps, resumed at step K, credit matches core: yes|no, max |adv - core| X
+#    cpu training: grpo N steps, iapo N steps, call_credit N steps, gigpo 1 steps, resumed at step K, credit matches core: yes|no, max |adv - core| X
 #
 # Knobs: SMOKE_DIR [<repo>/.cpu-train/smoke]  STEPS [2]  TASKS [4]  VARIANT [refund]  ROLLOUT_N [8]  MAX_TURNS [12]
 #        MAX_PROMPT_LENGTH [256]  MAX_RESPONSE_LENGTH [768]
@@ -60,7 +61,11 @@ train iapo iapo "$STEPS" trainer.val_before_train=True trainer.test_freq=-1 trai
 train call_credit call_credit "$STEPS" trainer.val_before_train=False trainer.test_freq=-1 "${CKPT[@]}" "${OMEGA[@]}"
 train call_credit_resumed call_credit $((STEPS + 1)) trainer.val_before_train=False trainer.test_freq=-1 \
     trainer.save_freq=-1 trainer.resume_mode=auto trainer.default_local_dir="$RUNS/call_credit/ckpt" "${OMEGA[@]}"
+# the GiGPO baseline (anchor states from the transcripts) with the world's per-turn rewards (R_i + r_i)
+train gigpo gigpo 1 trainer.val_before_train=False trainer.test_freq=-1 trainer.save_freq=-1 \
+    +credit.env.options.turn_rewards=True
 
 echo "== offline check (total so far $((SECONDS - started)) s)" >&2
 timeout 600 "$PY" -m verl_credit.verl.cpu.check --run grpo="$RUNS/grpo" --run iapo="$RUNS/iapo" \
-    --run call_credit="$RUNS/call_credit" --resumed "$RUNS/call_credit_resumed" --json "$SMOKE_DIR/check.json"
+    --run call_credit="$RUNS/call_credit" --run gigpo="$RUNS/gigpo" --resumed "$RUNS/call_credit_resumed" \
+    --json "$SMOKE_DIR/check.json"

@@ -33,7 +33,8 @@ STEPS = 2
 ROLLOUT_N = 8
 BATCH = 2
 LINE = re.compile(
-    r"^cpu training: grpo (\d+) steps, iapo (\d+) steps, call_credit (\d+) steps, resumed at step (\d+), "
+    r"^cpu training: grpo (\d+) steps, iapo (\d+) steps, call_credit (\d+) steps, gigpo (\d+) steps, "
+    r"resumed at step (\d+), "
     r"credit matches core: (yes|no), max \|adv - core\| (\S+)$"
 )
 pytestmark = [
@@ -115,13 +116,13 @@ def test_smoke_exits_zero_and_prints_the_line(smoke: dict[str, Any]) -> None:
     assert smoke["rc"] == 0, smoke["stderr"][-3000:]
     match = LINE.match(smoke["last"])
     assert match, smoke["last"]
-    grpo, iapo, call, resumed_at, verdict, worst = match.groups()
-    assert (int(grpo), int(iapo), int(call)) == (STEPS, STEPS, STEPS)
+    grpo, iapo, call, gigpo, resumed_at, verdict, worst = match.groups()
+    assert (int(grpo), int(iapo), int(call), int(gigpo)) == (STEPS, STEPS, STEPS, 1)
     assert int(resumed_at) == STEPS
     assert verdict == "yes" and float(worst) <= 1e-6
 
 
-@pytest.mark.parametrize("run", ["grpo", "iapo", "call_credit", "call_credit_resumed"])
+@pytest.mark.parametrize("run", ["grpo", "iapo", "call_credit", "call_credit_resumed", "gigpo"])
 def test_every_step_logs_finite_design_metrics(smoke: dict[str, Any], run: str) -> None:
     metrics = _metrics(_runs(smoke) / run)
     training = {step: values for step, values in metrics.items() if "timing_s/step" in values}
@@ -135,7 +136,7 @@ def test_every_step_logs_finite_design_metrics(smoke: dict[str, Any], run: str) 
         assert not bad, f"{run} step {step}: non-finite {bad}"
 
 
-@pytest.mark.parametrize("run", ["grpo", "iapo", "call_credit", "call_credit_resumed"])
+@pytest.mark.parametrize("run", ["grpo", "iapo", "call_credit", "call_credit_resumed", "gigpo"])
 def test_actor_advantages_equal_the_credit_core(smoke: dict[str, Any], run: str) -> None:
     check = json.loads((Path(smoke["dir"]) / "check.json").read_text())
     name = "resumed" if run == "call_credit_resumed" else run
@@ -159,6 +160,26 @@ def test_grpo_run_used_verls_own_grpo(smoke: dict[str, Any]) -> None:
     for _, record in dumps:
         assert record["estimator"] == "grpo"
         assert all("graph" not in (p or {}) for p in record["payloads"])  # no influence graph was built
+
+
+def test_gigpo_run_routed_with_anchor_states_and_the_worlds_turn_rewards(smoke: dict[str, Any]) -> None:
+    """The registry's gigpo estimator in real verl: no graph was built in the rollout, every session
+    carried the service world's per-turn rewards (one per action, summing to at most 1), and the
+    rollouts of one task share their first state (same prompt), so anchors matched."""
+    dumps = _dumps(_runs(smoke) / "gigpo")
+    assert [step for step, _ in dumps] == [1]
+    record = dumps[0][1]
+    assert record["estimator"] == "gigpo"
+    finals = [p for p in record["payloads"] if p and "turn_rewards" in p]
+    assert finals, "no session carried turn rewards"
+    for payload in finals:
+        assert "graph" not in payload
+        assert len(payload["turn_rewards"]) == payload["num_actions"]
+        assert sum(payload["turn_rewards"]) <= 1.0 + 1e-9
+    metrics = _metrics(_runs(smoke) / "gigpo")
+    training = [values for values in metrics.values() if "timing_s/step" in values]
+    assert training and all(values["credit/anchor_match_rate"] > 0 for values in training)
+    assert all(values["credit/turn_reward_sessions"] > 0 for values in training)
 
 
 def test_weights_changed_and_vllm_follows_the_actor(smoke: dict[str, Any]) -> None:
@@ -269,7 +290,6 @@ def _tau2_episode(domain: str, action: Any) -> list[dict[str, Any]]:
 def tau2_run(smoke: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """One real fit() step of iapo over one tau2 train task per domain (n=2), in the smoke run's venv,
     with a tiny policy warm-started to make each task's first gold tool call and then close."""
-    pytest.importorskip("tau2")
     import importlib.util
 
     import pandas as pd

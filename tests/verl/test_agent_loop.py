@@ -355,7 +355,6 @@ def test_prompt_and_annotator_get_the_full_tool_schemas(chatml_tokenizer, tiny_m
 def test_tau2_schemas_reach_the_prompt_unchanged():
     """All of tau2's agent tool schemas (airline's book_reservation with its $defs, retail's
     item_ids arrays ...) survive EnvironmentTool; verl's schema dump would change them."""
-    pytest.importorskip("tau2")
     from verl_credit.envs.tau2.domains import agent_tool_schemas
     from verl_credit.verl.agent_loop import EnvironmentTool, prompt_tool_schema
 

@@ -14,8 +14,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
-pytest.importorskip("verl")
+import verl  # noqa: F401  (a required test dependency: a broken install fails, never skips)
 
 PROBE = r"""
 import json, os

@@ -40,6 +40,9 @@ from verl_credit.routing import compute_batch_credit
 from verl_credit.trajectory import Trajectory
 from verl_credit.verl.settings import load_settings
 
+#: Ray + TransferQueue + a tiny model per module (about 1-2 min on 2 cores): deselect with -m "not slow"
+pytestmark = pytest.mark.slow
+
 REWARDS = [1.0, 0.0, 0.5]
 USER_REPLIES = [["card", "yes please"], ["card"], []]  # -> 4, 3, 2 actions
 GROUPS = {
@@ -482,7 +485,7 @@ def _plain_rows(rewards: list[float], uids: list[str], actions: int = 2, width: 
 def test_nonfinite_reward_is_counted_and_neutralized(bad: float) -> None:
     """A NaN/inf reward neither crashes the step nor spreads NaN: its group's advantages are 0,
     other groups are untouched, and ``credit/nonfinite_rewards`` counts it."""
-    from verl_credit.verl.trainer import compute_credit_advantages
+    from verl_credit.verl.credit_step import compute_credit_advantages
 
     settings = load_settings(compose_credit_config(["algorithm.adv_estimator=call_credit"]))
     clean = _plain_rows([1.0, 0.0, 1.0, 0.0], ["a", "a", "b", "b"])
@@ -500,7 +503,7 @@ def test_nonfinite_reward_is_counted_and_neutralized(bad: float) -> None:
 
 def test_overflowing_fp32_rewards_give_finite_trainer_advantages() -> None:
     """3.4e38 fits fp32 but its group sum does not: the group is normalized in float64."""
-    from verl_credit.verl.trainer import compute_credit_advantages
+    from verl_credit.verl.credit_step import compute_credit_advantages
 
     settings = load_settings(compose_credit_config(["algorithm.adv_estimator=call_credit"]))
     rows = _plain_rows([3.4e38, 3.4e38, -3.4e38, 0.0], ["a"] * 4)

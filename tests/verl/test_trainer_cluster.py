@@ -29,6 +29,9 @@ from verl_credit.graph import GraphValidation, InfluenceGraph
 from verl_credit.verl.batch import VALIDATE_KEY
 from verl_credit.verl.settings import load_settings
 
+#: Ray + TransferQueue + a tiny model per module (about 1-2 min on 2 cores): deselect with -m "not slow"
+pytestmark = pytest.mark.slow
+
 BASE = [
     "actor_rollout_ref.rollout.prompt_length=512",
     "actor_rollout_ref.rollout.response_length=256",
@@ -502,7 +505,7 @@ def test_timed_out_sessions_get_the_fallback_not_the_llm(fallback):
     """Session 0's in-rollout annotation passed its deadline, session 1 has no graph, session 2
     has one: the LLM annotator sees session 1 only; session 0 gets the rule annotator (rules) or
     the uniform graph (uniform), counted as a fallback and in credit/annotation_timeouts."""
-    from verl_credit.verl.trainer import compute_credit_advantages
+    from verl_credit.verl.credit_step import compute_credit_advantages
 
     graph = InfluenceGraph.uniform(2).to_json()
     payloads = [
@@ -526,7 +529,7 @@ def test_timed_out_sessions_get_the_fallback_not_the_llm(fallback):
 
 
 def test_payload_metrics_without_timeouts():
-    from verl_credit.verl.trainer import compute_credit_advantages
+    from verl_credit.verl.credit_step import compute_credit_advantages
 
     graph = InfluenceGraph.uniform(2).to_json()
     payloads = [{"graph": graph}, {"graph": graph}, {"graph": graph, "dropped_tool_calls": 4}, {"graph": graph}]

@@ -39,10 +39,10 @@ import numpy as np
 import torch
 
 from verl_credit.config import IAPOConfig
-from verl_credit.credit.iapo import compute_iapo_weights
+from verl_credit.estimators.iapo import route_influence_graphs
 from verl_credit.graph import InfluenceGraph, validate_graph
 from verl_credit.io import InputError, iter_jsonl, load_trajectories
-from verl_credit.routing import pad_influence_graphs, pad_lengths
+from verl_credit.routing import pad_lengths
 
 __all__ = [
     "AUDIT_KEYS",
@@ -237,21 +237,8 @@ def compute_route_weights(
     if not graphs:
         return {"m_plus": [], "m_minus": [], "w_plus": []}
     padded, counts = pad_lengths(lengths)
-    degrees = pad_influence_graphs(graphs, padded.shape[1])
     positive = torch.ones(len(graphs), dtype=torch.float64)  # route every trajectory through A > 0
-    routed = compute_iapo_weights(
-        positive,
-        degrees["d_plus"],
-        degrees["d_minus"],
-        degrees["d_in"],
-        degrees["errors"],
-        padded,
-        beta_plus=config.beta_plus,
-        clip_c=config.clip_c,
-        neg_route=config.neg_route,  # type: ignore[arg-type]
-        beta_minus=config.beta_minus,
-        eps=config.eps,
-    )
+    routed = route_influence_graphs(positive, graphs, padded, config)
     return {
         name: [routed[name][row, : int(counts[row])].tolist() for row in range(len(graphs))]
         for name in ("m_plus", "m_minus", "w_plus")

@@ -54,7 +54,6 @@ __all__ = [
     "annotate_with_cache",
     "annotator_identity",
     "cache_key",
-    "canonical_transcript",
     "lookup_cached",
     "store_result",
 ]
@@ -73,11 +72,6 @@ CREATE TABLE IF NOT EXISTS graphs (
     created REAL NOT NULL
 )
 """
-
-
-def canonical_transcript(messages: list[dict[str, Any]]) -> str:
-    """The transcript as canonical JSON: sorted keys, no whitespace, UTF-8 characters kept."""
-    return json.dumps(messages, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def cache_key(messages: list[dict[str, Any]], annotator: str, model: str, prompt_version: str) -> str:

@@ -1,36 +1,65 @@
-"""``verl-credit route``: rollouts JSONL -> credit JSONL (DESIGN.md section 8)."""
+"""``verl-credit route``: rollouts JSONL -> credit JSONL (DESIGN.md section 8).
+
+Memory (see :data:`MEMORY_NOTE`): a file grouped by uid (each group's lines consecutive, as
+verl writes them) is streamed -- one pass that keeps no transcript (line count, width, group
+structure), then one group at a time, each group's lines written as it completes, byte for byte
+what the whole-file path writes. A file that is not grouped, or holds a reward of 1e18 or more
+(float64 scores), is routed in memory, as a whole.
+"""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import stat
 import sys
+from collections.abc import Iterator
+from contextlib import closing
+from types import SimpleNamespace
 from typing import Any
 
 from tqdm import tqdm
 
+from verl_credit.anchor_states import ANCHOR_STATES
+from verl_credit.annotate.base import AnnotationStats
 from verl_credit.cli.annotate import add_annotator_arguments, build_cli_annotator
-from verl_credit.config import ESTIMATORS, CallCreditConfig, CreditConfig, IAPOConfig
+from verl_credit.config import CallCreditConfig, CreditConfig, GiGPOConfig, IAPOConfig, TurnRewardConfig
 from verl_credit.credit.call_credit import CALL_CREDIT_MODES
+from verl_credit.credit.gigpo import GIGPO_MODES
+from verl_credit.credit.grpo import WIDE_SCORE
 from verl_credit.credit.iapo import NEG_ROUTES
 from verl_credit.credit_records import credit_records
-from verl_credit.io import count_lines, read_rollouts, write_jsonl
-from verl_credit.metrics import compute_credit_metrics
-from verl_credit.pipeline import route_trajectories
+from verl_credit.estimators import estimator_names, get_estimator
+from verl_credit.io import InputError, RolloutReader, RolloutScan, read_rollouts, scan_rollouts, write_jsonl
+from verl_credit.metrics import compute_credit_metrics, count_redundant_tool_calls
+from verl_credit.pipeline import RoutedBatch, route_stream, route_trajectories
+
+#: what ``route`` holds in memory (also in ``--help``)
+MEMORY_NOTE = (
+    "Memory: the input is read twice (a file, not a pipe). A file grouped by uid (every group's lines "
+    "consecutive) is streamed: a first pass keeps "
+    "no transcript, then one group is held at a time (plus, while the annotator works, up to "
+    "--concurrency trajectories after it) and written as it completes; the largest line costs a few "
+    "times its size. A file that is not grouped (or holds a reward of 1e18 or more, routed in float64) "
+    "is routed in memory as a whole (about 9-10x its size); sort it by uid to stream it."
+)
 
 _IAPO = IAPOConfig()
 _CALL = CallCreditConfig()
+_GIGPO = GiGPOConfig()
+_TURN = TurnRewardConfig()
 
 
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "route",
-        help="route trajectory advantages to actions (iapo, call_credit or grpo)",
-        description="Read a rollouts JSONL, build or read graphs, write per-action credit JSONL.",
+        help=f"route trajectory advantages to actions ({', '.join(estimator_names())})",
+        description="Read a rollouts JSONL, build or read graphs, write per-action credit JSONL. " + MEMORY_NOTE,
     )
     parser.add_argument("--input", required=True, help="rollouts JSONL (DESIGN.md section 8)")
     parser.add_argument("--out", required=True, help="credit JSONL to write")
-    parser.add_argument("--estimator", choices=ESTIMATORS, default="iapo")
+    parser.add_argument("--estimator", choices=estimator_names(), default="iapo")
     parser.add_argument("--beta-plus", type=float, default=_IAPO.beta_plus)
     parser.add_argument("--clip-c", type=float, default=_IAPO.clip_c)
     parser.add_argument("--neg-route", choices=NEG_ROUTES, default=_IAPO.neg_route)
@@ -40,6 +69,12 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--call-mode", choices=CALL_CREDIT_MODES, default=_CALL.mode)
     parser.add_argument("--smoothing", type=float, default=_CALL.smoothing, help="call_credit lambda")
     parser.add_argument("--gamma", type=float, default=_CALL.gamma, help="call_credit discount")
+    parser.add_argument("--gigpo-w", type=float, default=_GIGPO.step_advantage_w, help="gigpo step_advantage_w")
+    parser.add_argument("--gigpo-gamma", type=float, default=_GIGPO.gamma, help="gigpo step-return discount")
+    parser.add_argument("--gigpo-mode", choices=GIGPO_MODES, default=_GIGPO.mode)
+    parser.add_argument("--gigpo-state", choices=ANCHOR_STATES, default=_GIGPO.state, help="anchor state key")
+    parser.add_argument("--turn-lambda", type=float, default=_TURN.lambda_turn, help="turn_reward lambda_turn")
+    parser.add_argument("--turn-gamma", type=float, default=_TURN.gamma, help="turn_reward discount")
     parser.set_defaults(run=run)
 
 
@@ -51,12 +86,188 @@ def build_config(args: argparse.Namespace) -> CreditConfig:
             beta_plus=args.beta_plus, clip_c=args.clip_c, neg_route=args.neg_route, beta_minus=args.beta_minus
         ),
         call_credit=CallCreditConfig(mode=args.call_mode, smoothing=args.smoothing, gamma=args.gamma),
+        gigpo=GiGPOConfig(
+            step_advantage_w=args.gigpo_w, gamma=args.gigpo_gamma, mode=args.gigpo_mode, state=args.gigpo_state
+        ),
+        turn_reward=TurnRewardConfig(lambda_turn=args.turn_lambda, gamma=args.turn_gamma),
     )
 
 
 def run(args: argparse.Namespace) -> int:
     config = build_config(args)
-    total = count_lines(args.input)
+    _check_rereadable(args.input)
+    with tqdm(desc="scan", unit="line", file=sys.stderr, disable=None) as bar:
+        scan = scan_rollouts(args.input, progress=bar.update)
+    if not scan.lines:
+        raise ValueError(f"{args.input}: no trajectories")
+    if not scan.grouped:
+        assert scan.reopened is not None
+        line, key, first = scan.reopened
+        print(
+            f"verl-credit: warning: {args.input}:{line}: group {key} began on line {first} and ended before: "
+            "the file is not grouped by uid, so it is routed in memory as a whole (sort it by uid to stream it)",
+            file=sys.stderr,
+        )
+        return _run_in_memory(args, config, scan.lines)
+    if scan.max_abs_reward >= WIDE_SCORE:  # float64 scores: see pipeline.route_group
+        return _run_in_memory(args, config, scan.lines)
+    return _run_streaming(args, config, scan)
+
+
+def _check_rereadable(path: str) -> None:
+    """The input is read twice (scan, then route): a pipe or a socket cannot be."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return  # the reader names the problem ("cannot open: ...")
+    if stat.S_ISFIFO(info.st_mode) or stat.S_ISSOCK(info.st_mode):
+        raise ValueError(f"{path}: a pipe: route reads its input twice (save the pipe's output to a file)")
+
+
+def _run_streaming(args: argparse.Namespace, config: CreditConfig, scan: RolloutScan) -> int:
+    """One group at a time, each written as it completes (a file grouped by uid)."""
+    needs_graphs = "influence_graphs" in get_estimator(config.estimator).needs
+    annotator = build_cli_annotator(args) if needs_graphs else "rules"
+    width = scan.max_actions
+    summary = _StreamSummary()
+    problems = _GraphProblems()
+    with tqdm(total=scan.lines, desc=f"route:{config.estimator}", unit="traj", file=sys.stderr, disable=None) as bar:
+        reader = RolloutReader(args.input, warn=lambda line: bar.write(line, file=sys.stderr))
+
+        def items() -> Iterator[tuple[str, Any]]:
+            closed: set[str] = set()
+            current: str | None = None
+            for number, key, trajectory in reader:
+                # the scan said so; a file that changes between the two passes is refused
+                if trajectory.num_actions > width or abs(trajectory.reward) >= WIDE_SCORE:
+                    raise InputError(args.input, number, "the file changed while it was routed")
+                if key != current:
+                    if key in closed:
+                        raise InputError(args.input, number, "the file changed while it was routed")
+                    if current is not None:
+                        closed.add(current)
+                    current = key
+                yield key, trajectory
+
+        def records() -> Iterator[dict[str, Any]]:
+            stream = route_stream(items(), config, annotator, width=width, progress=bar.update)
+            with closing(stream):
+                for routed in stream:
+                    summary.add(routed)
+                    problems.add(routed)
+                    yield from credit_records(
+                        routed.trajectories, routed.credit, routed.annotations, routed.call_graphs
+                    )
+                    del routed  # hold one group: this one is freed before the next is routed
+
+        count = write_jsonl(args.out, records())
+    print_summary(args.out, config.estimator, count, summary.metrics())
+    if needs_graphs:
+        print_graph_problems(problems.trajectories, problems.annotations)
+    if reader.duplicates:
+        print(f"  duplicate ids                      {reader.duplicates}")
+    return 0
+
+
+class _Spread:
+    """count, mean, sum of squared deviations (merged per group, Chan et al.), min, max and the
+    number of ``|w - 1| > 0.1`` of the weights seen: ``metrics.weight_spread`` over a stream."""
+
+    def __init__(self) -> None:
+        self.count, self.mean, self.m2, self.dev10 = 0, 0.0, 0.0, 0
+        self.low, self.high = float("inf"), float("-inf")
+
+    def add(self, values: Any) -> None:
+        count = int(values.numel())
+        if not count:
+            return
+        mean = float(values.mean())
+        m2 = float((values - mean).square().sum())
+        total = self.count + count
+        delta = mean - self.mean
+        self.m2 += m2 + delta * delta * self.count * count / total
+        self.mean += delta * count / total
+        self.count = total
+        self.dev10 += int(((values - 1.0).abs() > 0.1).sum())
+        self.low, self.high = min(self.low, float(values.min())), max(self.high, float(values.max()))
+
+    def result(self) -> dict[str, float]:
+        if not self.count:
+            return {"std": 0.0, "min": 0.0, "max": 0.0, "frac_dev10": 0.0}
+        std = (max(self.m2, 0.0) / self.count) ** 0.5
+        return {"std": std, "min": self.low, "max": self.high, "frac_dev10": self.dev10 / self.count}
+
+
+class _StreamSummary:
+    """The summary metrics of ``compute_credit_metrics`` (the ones :func:`print_summary` shows),
+    summed group by group."""
+
+    def __init__(self) -> None:
+        self.stats = AnnotationStats()
+        self.annotated = False
+        self.positive, self.negative = _Spread(), _Spread()
+        self.actions = self.edges = self.errors = self.trajectories = self.redundant = 0
+        self.anchor_matched: float | None = None
+
+    def add(self, routed: RoutedBatch) -> None:
+        credit = routed.credit
+        if routed.annotations is not None:
+            self.annotated = True
+            for result in routed.annotations:
+                self.stats.add(result)
+                self.edges += len(result.graph.edges)
+                self.errors += len(result.graph.errors)
+        has_tokens = credit.lengths > 0
+        advantage = credit.trajectory_advantage.unsqueeze(-1)
+        self.positive.add(credit.weight[has_tokens & (advantage > 0)])
+        self.negative.add(credit.weight[has_tokens & (advantage < 0)])
+        self.actions += int(credit.num_actions.sum())
+        self.trajectories += len(routed.trajectories)
+        self.redundant += sum(count_redundant_tool_calls(t) for t in routed.trajectories)
+        if "anchor_matched" in credit.extras:
+            self.anchor_matched = (self.anchor_matched or 0.0) + float(credit.extras["anchor_matched"].sum())
+
+    def metrics(self) -> dict[str, float]:
+        metrics: dict[str, float] = {}
+        if self.annotated:
+            metrics["credit/fallback_rate"] = self.stats.fallback_rate
+            metrics["credit/repaired_edges"] = float(self.stats.repaired_edges)
+            metrics["credit/annotate_seconds"] = self.stats.seconds
+            metrics["credit/cache_hit_rate"] = self.stats.cache_hit_rate
+        positive, negative = self.positive.result(), self.negative.result()
+        metrics["credit/w_pos_std"] = positive["std"]
+        metrics["credit/w_pos_min"] = positive["min"]
+        metrics["credit/w_pos_max"] = positive["max"]
+        metrics["credit/w_pos_frac_dev10"] = positive["frac_dev10"]
+        metrics["credit/w_neg_frac_dev10"] = negative["frac_dev10"]
+        if self.annotated and self.actions:
+            metrics["credit/edges_per_action"] = self.edges / self.actions
+            metrics["credit/error_rate"] = self.errors / self.actions
+        if self.anchor_matched is not None and self.actions:
+            metrics["credit/anchor_match_rate"] = self.anchor_matched / self.actions
+        if self.trajectories:
+            metrics["credit/tool_call_redundancy"] = self.redundant / self.trajectories
+        return metrics
+
+
+class _GraphProblems:
+    """The first repaired or replaced given graphs of a stream, as many as
+    :func:`print_graph_problems` shows (and one more, for its "more" line)."""
+
+    def __init__(self, limit: int = 20) -> None:
+        self.limit = limit
+        self.trajectories: list[Any] = []
+        self.annotations: list[Any] = []
+
+    def add(self, routed: RoutedBatch) -> None:
+        for trajectory, annotation in zip(routed.trajectories, routed.annotations or [], strict=False):
+            if len(self.annotations) <= self.limit and _is_graph_problem(annotation):
+                self.trajectories.append(SimpleNamespace(id=trajectory.id))  # the id, not the transcript
+                self.annotations.append(annotation)
+
+
+def _run_in_memory(args: argparse.Namespace, config: CreditConfig, total: int) -> int:
+    """The whole file at once (a file not grouped by uid)."""
     with tqdm(total=total, desc="read", unit="traj", file=sys.stderr, disable=None) as bar:
         trajectories, keys, duplicates = read_rollouts(
             args.input, warn=lambda line: bar.write(line, file=sys.stderr), progress=bar.update
@@ -69,7 +280,8 @@ def run(args: argparse.Namespace) -> int:
     with tqdm(
         total=len(trajectories), desc=f"route:{config.estimator}", unit="traj", file=sys.stderr, disable=None
     ) as bar:
-        annotator = build_cli_annotator(args) if config.estimator == "iapo" else "rules"
+        needs_graphs = "influence_graphs" in get_estimator(config.estimator).needs
+        annotator = build_cli_annotator(args) if needs_graphs else "rules"
         routed = route_trajectories(grouped, config, annotator, progress=bar.update)
     records = credit_records(trajectories, routed.credit, routed.annotations, routed.call_graphs)
     write_jsonl(args.out, records)
@@ -92,7 +304,7 @@ def print_graph_problems(trajectories: list[Any], annotations: list[Any], limit:
     shown = 0
     for trajectory, annotation in zip(trajectories, annotations, strict=True):
         validation = annotation.validation
-        if annotation.source != "given" or not (validation.fallback or validation.repaired_edges):
+        if not _is_graph_problem(annotation):
             continue
         if shown == limit:
             print("verl-credit: warning: more graphs were repaired (see repaired_edges)", file=sys.stderr)
@@ -101,6 +313,12 @@ def print_graph_problems(trajectories: list[Any], annotations: list[Any], limit:
         action = "replaced by the uniform graph" if validation.fallback else f"{validation.repaired_edges} repairs"
         problems = "; ".join(validation.problems[:3])
         print(f"verl-credit: warning: graph of {trajectory.id!r}: {action}: {problems}", file=sys.stderr)
+
+
+def _is_graph_problem(annotation: Any) -> bool:
+    """A given graph that validation repaired or replaced."""
+    validation = annotation.validation
+    return annotation.source == "given" and bool(validation.fallback or validation.repaired_edges)
 
 
 def print_summary(out: str, estimator: str, count: int, metrics: dict[str, float]) -> None:
@@ -117,6 +335,7 @@ def print_summary(out: str, estimator: str, count: int, metrics: dict[str, float
         ("edges per action", metrics.get("credit/edges_per_action")),
         ("error rate", metrics.get("credit/error_rate")),
         ("tool-call redundancy", metrics.get("credit/tool_call_redundancy")),
+        ("anchor match rate", metrics.get("credit/anchor_match_rate")),
     ]
     for name, value in rows:
         if value is not None:

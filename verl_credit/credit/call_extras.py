@@ -29,10 +29,9 @@ Equations:
     (17) IG down-weighting: w_i <- w_i * ig_factor for IG calls with Delta_i < theta_IG, then the
          row's mass is restored as in (15).
 
-Replay comes from an environment (the coding sandbox) through :class:`ReplayEnvironment`; the
-alternative edit from an :class:`EditProposer` (built by name with :func:`build_edit_proposer`;
-``remove``, the default, drops the call). :func:`run_replays` runs a step's replays concurrently,
-each with a time limit, and returns the failures instead of raising them.
+Pure tensor math. The replays that measure ``Delta`` (an environment's ``replay``, the edit
+proposers, the concurrent runner) are :mod:`verl_credit.replay`; the results arrive here as
+:class:`verl_credit.replay.CounterfactualResult` lists.
 
 Settings (switches, budget, eta, bounds, thresholds) are ``verl_credit.config.CallCreditConfig``'s
 sub-nodes ``counterfactual``, ``ig_downweight``, ``adaptive_omega`` and ``dpo_export``.
@@ -40,13 +39,9 @@ sub-nodes ``counterfactual``, ``ig_downweight``, ``adaptive_omega`` and ``dpo_ex
 
 from __future__ import annotations
 
-import asyncio
-import importlib
-import inspect
-import math
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -55,36 +50,19 @@ from verl_credit.call_graph import CallGraph
 from verl_credit.config import RV_REWARDS, AdaptiveOmegaConfig
 from verl_credit.credit.call_credit import ROLES
 from verl_credit.credit.tokens import scatter_action_values_to_tokens
-from verl_credit.trajectory import Trajectory
+
+if TYPE_CHECKING:
+    from verl_credit.replay import CounterfactualResult
 
 __all__ = [
-    "EDIT_PROPOSERS",
     "RV_REWARD_MODES",
-    "WEAKNESSES",
     "AdaptiveRoleWeights",
-    "AlternativeEdit",
-    "CallRecord",
-    "CounterfactualResult",
-    "EditProposer",
-    "RemoveCallProposer",
-    "ReplayEnvironment",
-    "ReplayFailure",
-    "ReplayRequest",
-    "TrajectoryCalls",
-    "add_rv_reward",
     "apply_counterfactual_calibration",
-    "build_edit_proposer",
     "compute_rv_rewards",
-    "compute_weakness_report",
     "counterfactual_delta_matrix",
     "downweight_ig_calls",
-    "edit_proposer_factory",
-    "estimate_counterfactual_deltas",
-    "register_edit_proposer",
     "rescale_row_mass",
     "route_rv_reward_tokens",
-    "run_counterfactuals",
-    "run_replays",
     "rv_reward_matrix",
     "select_counterfactual_calls",
 ]
@@ -150,11 +128,6 @@ def rv_reward_matrix(
     return out
 
 
-def add_rv_reward(action_advantage: torch.Tensor, rv_reward: torch.Tensor) -> torch.Tensor:
-    """``A_i + r_i`` per call. Shapes ``(B, T)``; the result has ``action_advantage``'s dtype."""
-    return action_advantage + rv_reward.to(action_advantage.dtype)
-
-
 def route_rv_reward_tokens(
     rv_reward: torch.Tensor,
     row_trajectory: torch.Tensor,
@@ -182,115 +155,6 @@ def route_rv_reward_tokens(
 # ---------------------------------------------------------------------------------------------
 
 
-@runtime_checkable
-class ReplayEnvironment(Protocol):
-    """An environment that re-executes a finished trajectory with one call's tool call replaced.
-
-    ``replacement_arguments`` are the new arguments of the call's (first) tool call, or ``None`` to
-    drop it; the return value (or awaitable) is the reward ``R(tau')`` of the replayed trajectory.
-    ``verl_credit.envs.coding.CodingEnvironment.replay`` implements it.
-    """
-
-    def replay(
-        self,
-        trajectory_messages: Sequence[Mapping[str, Any]],
-        call_index: int,
-        replacement_arguments: Mapping[str, Any] | None,
-    ) -> float | Awaitable[float]: ...
-
-
-@dataclass(frozen=True)
-class AlternativeEdit:
-    """A counterfactual for one AE call: new tool-call arguments (``None``: drop the call)."""
-
-    arguments: Mapping[str, Any] | None
-    source: str = ""  # e.g. "second-best sample"
-
-
-@runtime_checkable
-class EditProposer(Protocol):
-    """Proposes the alternative edit of call ``call_index`` (``None``: no alternative, skip it)."""
-
-    def propose(self, trajectory: Trajectory, call_index: int) -> AlternativeEdit | None: ...
-
-
-@dataclass(frozen=True)
-class CounterfactualResult:
-    """One replay: ``delta = reward - counterfactual_reward`` (``Delta_k = R(tau) - R(tau')``)."""
-
-    row: int
-    call_index: int
-    trajectory_id: str
-    original_arguments: Mapping[str, Any] | None
-    alternative: AlternativeEdit
-    reward: float
-    counterfactual_reward: float
-
-    @property
-    def delta(self) -> float:
-        return self.reward - self.counterfactual_reward
-
-
-class RemoveCallProposer:
-    """``remove``: the alternative of a call is *not making it* (its first tool call is dropped):
-    "what if this edit (or read) had not been made". Model-free; calls without a tool call have no
-    alternative (``None``)."""
-
-    def propose(self, trajectory: Trajectory, call_index: int) -> AlternativeEdit | None:
-        if not trajectory.actions[call_index].tool_calls:
-            return None
-        return AlternativeEdit(None, source="remove")
-
-
-#: edit proposers by name (``credit.call_credit.counterfactual.proposer``)
-EDIT_PROPOSERS: dict[str, Callable[[], EditProposer]] = {"remove": RemoveCallProposer}
-
-
-def register_edit_proposer(name: str) -> Callable[[Callable[[], EditProposer]], Callable[[], EditProposer]]:
-    """Register a proposer factory (a class without constructor arguments) under ``name``."""
-
-    def decorator(factory: Callable[[], EditProposer]) -> Callable[[], EditProposer]:
-        existing = EDIT_PROPOSERS.get(name)
-        if existing is not None and existing is not factory:
-            raise ValueError(f"edit proposer {name!r} is already registered to {existing}")
-        EDIT_PROPOSERS[name] = factory
-        return factory
-
-    return decorator
-
-
-def edit_proposer_factory(name: str) -> Callable[[], EditProposer]:
-    """The factory registered as ``name``, or the class at ``package.module:Class`` (not built).
-
-    Raises:
-        ValueError: unknown name or import failure.
-    """
-    factory = EDIT_PROPOSERS.get(name)
-    if factory is None and ":" in name:
-        module, _, attribute = name.partition(":")
-        try:
-            factory = getattr(importlib.import_module(module), attribute)
-        except (ImportError, AttributeError) as exc:
-            raise ValueError(f"cannot import edit proposer {name!r}: {exc}") from None
-    if factory is None:
-        raise ValueError(
-            f"unknown edit proposer {name!r}; registered: {sorted(EDIT_PROPOSERS)} (or give package.module:Class)"
-        )
-    return factory
-
-
-def build_edit_proposer(name: str) -> EditProposer:
-    """An instance of :func:`edit_proposer_factory`'s factory.
-
-    Raises:
-        ValueError: unknown name, import failure, or an object without ``propose``.
-    """
-    proposer = edit_proposer_factory(name)()
-    if not isinstance(proposer, EditProposer):
-        raise ValueError(f"edit proposer {name!r} has no propose(trajectory, call_index) method")
-    return proposer
-
-
 def select_counterfactual_calls(
     action_advantage: torch.Tensor, is_ae: torch.Tensor, budget: int
 ) -> list[tuple[int, int]]:
@@ -310,111 +174,6 @@ def select_counterfactual_calls(
     width = action_advantage.shape[1]
     candidates.sort(key=lambda k: (-float(flat[k]), k))
     return [(k // width, k % width) for k in candidates[:budget]]
-
-
-async def _maybe_await(value: Any) -> Any:
-    return await value if inspect.isawaitable(value) else value
-
-
-async def estimate_counterfactual_deltas(
-    trajectories: Sequence[Trajectory],
-    selected: Sequence[tuple[int, int]],
-    env: ReplayEnvironment,
-    proposer: EditProposer,
-) -> list[CounterfactualResult]:
-    """Replay each selected call with the proposer's alternative; calls without one are skipped."""
-    results = []
-    for row, call_index in selected:
-        trajectory = trajectories[row]
-        alternative = proposer.propose(trajectory, call_index)
-        if alternative is None:
-            continue
-        action = trajectory.actions[call_index]
-        original = dict(action.tool_calls[0].arguments) if action.tool_calls else None
-        counterfactual_reward = float(
-            await _maybe_await(env.replay(trajectory.messages, call_index, alternative.arguments))
-        )
-        if not math.isfinite(counterfactual_reward):
-            raise ValueError(f"replay of {trajectory.id} call {call_index} returned {counterfactual_reward}")
-        results.append(
-            CounterfactualResult(
-                row, call_index, trajectory.id, original, alternative, trajectory.reward, counterfactual_reward
-            )
-        )
-    return results
-
-
-def run_counterfactuals(
-    trajectories: Sequence[Trajectory],
-    action_advantage: torch.Tensor,
-    is_ae: torch.Tensor,
-    env: ReplayEnvironment,
-    proposer: EditProposer,
-    budget: int,
-) -> list[CounterfactualResult]:
-    """Select the top-``budget`` AE calls by ``|A_i|`` and replay them (synchronous wrapper)."""
-    selected = select_counterfactual_calls(action_advantage, is_ae, budget)
-    return asyncio.run(estimate_counterfactual_deltas(trajectories, selected, env, proposer))
-
-
-@dataclass(frozen=True)
-class ReplayRequest:
-    """One call to replay: its place in the batch, its trajectory, the alternative and ``R(tau)``."""
-
-    row: int
-    call_index: int
-    trajectory: Trajectory
-    alternative: AlternativeEdit
-    reward: float
-
-
-@dataclass(frozen=True)
-class ReplayFailure:
-    """A replay that raised, timed out or returned a non-finite reward (counted, never raised)."""
-
-    row: int
-    call_index: int
-    error: str
-
-
-async def run_replays(
-    requests: Sequence[ReplayRequest],
-    replay: Callable[[ReplayRequest], Awaitable[float]],
-    concurrency: int = 4,
-    timeout: float = 300.0,
-) -> tuple[list[CounterfactualResult], list[ReplayFailure]]:
-    """Run ``replay`` (which returns ``R(tau')``) for every request, ``concurrency`` at a time, each
-    limited to ``timeout`` seconds. Results and failures keep the order of ``requests``."""
-    if concurrency < 1:
-        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
-    gate = asyncio.Semaphore(concurrency)
-
-    async def one(request: ReplayRequest) -> CounterfactualResult | ReplayFailure:
-        async with gate:
-            try:
-                value = float(await asyncio.wait_for(replay(request), timeout))
-            except TimeoutError:
-                return ReplayFailure(request.row, request.call_index, f"replay timed out after {timeout} s")
-            except Exception as exc:  # a replay never stops training; the caller counts it
-                return ReplayFailure(request.row, request.call_index, f"{type(exc).__name__}: {exc}")
-        if not math.isfinite(value):
-            return ReplayFailure(request.row, request.call_index, f"replay returned {value}")
-        action = request.trajectory.actions[request.call_index]
-        original = dict(action.tool_calls[0].arguments) if action.tool_calls else None
-        return CounterfactualResult(
-            request.row,
-            request.call_index,
-            request.trajectory.id,
-            original,
-            request.alternative,
-            request.reward,
-            value,
-        )
-
-    outcomes = await asyncio.gather(*(one(request) for request in requests))
-    results = [o for o in outcomes if isinstance(o, CounterfactualResult)]
-    failures = [o for o in outcomes if isinstance(o, ReplayFailure)]
-    return results, failures
 
 
 def counterfactual_delta_matrix(
@@ -579,136 +338,3 @@ class AdaptiveRoleWeights:
         metrics.update({f"credit/role_share_{r}": self.share[r] for r in ROLES})
         metrics.update({f"credit/role_delta_{r}": self.delta[r] for r in ROLES if r in self.delta})
         return metrics
-
-
-# ---------------------------------------------------------------------------------------------
-# Weakness report (diagnostics): credit aggregated by role across a run
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CallRecord:
-    """What the weakness report needs of one call.
-
-    ``acts``: the call made a tool call (plain-text calls are never "unused reads" or "unverified
-    edits"); ``None`` when unknown (credit lines without messages). ``rv_status`` and
-    ``failure_ignored`` are ``None`` when unknown.
-    """
-
-    role: str
-    length: int
-    advantage: float
-    weight: float
-    acts: bool | None = None
-    has_ig_use: bool = False  # an outgoing IG->AE edge
-    has_verification: bool = False  # an outgoing AE->RV edge
-    rv_status: str | None = None
-    failure_ignored: bool | None = None
-    summary: str = ""
-
-
-@dataclass(frozen=True)
-class TrajectoryCalls:
-    id: str
-    reward: float
-    calls: tuple[CallRecord, ...]
-
-
-WEAKNESSES: dict[str, str] = {
-    "unused_reads": "reads whose content was never used",
-    "unverified_edits": "edits never verified",
-    "ignored_failures": "tests run but failures ignored",
-}
-
-
-def _weakness_of(call: CallRecord) -> tuple[str, bool] | None:
-    """``(weakness, hit)`` when ``call`` is in a weakness's denominator, else ``None``."""
-    if call.role == "IG" and call.acts is not False:
-        return "unused_reads", not call.has_ig_use
-    if call.role == "AE" and call.acts is not False:
-        return "unverified_edits", not call.has_verification
-    if call.role == "RV" and call.rv_status == "fail" and call.failure_ignored is not None:
-        return "ignored_failures", call.failure_ignored
-    return None
-
-
-def compute_weakness_report(trajectories: Sequence[TrajectoryCalls], examples: int = 3) -> dict[str, Any]:
-    """Credit by role across a run and the three systematic weaknesses of issue 7.
-
-    Per role: number of calls, share of calls and of tokens, mean per-token advantage on successful
-    (``R > 0``) and on other trajectories, and the share of the run's ``sum L_i |A_i|`` (credit mass).
-    Per weakness: count, the denominator (IG calls with tools / AE calls with tools / failing RV
-    calls), the rate, the credit mass those calls received, and up to ``examples`` examples.
-    """
-    roles: dict[str, dict[str, float]] = {
-        r: {
-            "calls": 0,
-            "tokens": 0,
-            "mass": 0.0,
-            "adv_success": 0.0,
-            "tok_success": 0,
-            "adv_failure": 0.0,
-            "tok_failure": 0,
-        }
-        for r in ROLES
-    }
-    weakness = {key: {"count": 0, "of": 0, "mass": 0.0, "examples": []} for key in WEAKNESSES}
-    unknown_failures = 0
-    total_calls = total_tokens = 0
-    total_mass = 0.0
-    for trajectory in trajectories:
-        success = trajectory.reward > 0
-        for index, call in enumerate(trajectory.calls):
-            stats = roles[call.role]
-            mass = call.length * abs(call.advantage)
-            stats["calls"] += 1
-            stats["tokens"] += call.length
-            stats["mass"] += mass
-            key = "success" if success else "failure"
-            stats[f"adv_{key}"] += call.length * call.advantage
-            stats[f"tok_{key}"] += call.length
-            total_calls += 1
-            total_tokens += call.length
-            total_mass += mass
-            if call.role == "RV" and call.failure_ignored is None:
-                unknown_failures += 1  # no transcript: pass/fail unknown
-            found = _weakness_of(call)
-            if found is None:
-                continue
-            entry = weakness[found[0]]
-            entry["of"] += 1
-            if found[1]:
-                entry["count"] += 1
-                entry["mass"] += mass
-                if len(entry["examples"]) < examples:
-                    entry["examples"].append(
-                        {"id": trajectory.id, "call": index, "summary": call.summary, "advantage": call.advantage}
-                    )
-    report_roles = {}
-    for role, stats in roles.items():
-        report_roles[role] = {
-            "calls": int(stats["calls"]),
-            "call_share": stats["calls"] / total_calls if total_calls else 0.0,
-            "token_share": stats["tokens"] / total_tokens if total_tokens else 0.0,
-            "credit_share": stats["mass"] / total_mass if total_mass else 0.0,
-            "mean_advantage_success": stats["adv_success"] / stats["tok_success"] if stats["tok_success"] else None,
-            "mean_advantage_failure": stats["adv_failure"] / stats["tok_failure"] if stats["tok_failure"] else None,
-        }
-    report_weakness = {}
-    for name, entry in weakness.items():
-        report_weakness[name] = {
-            "label": WEAKNESSES[name],
-            "count": entry["count"],
-            "of": entry["of"],
-            "rate": entry["count"] / entry["of"] if entry["of"] else 0.0,
-            "credit_share": entry["mass"] / total_mass if total_mass else 0.0,
-            "examples": entry["examples"],
-        }
-    report_weakness["ignored_failures"]["rv_calls_without_status"] = unknown_failures
-    return {
-        "trajectories": len(trajectories),
-        "successful": sum(t.reward > 0 for t in trajectories),
-        "calls": total_calls,
-        "roles": report_roles,
-        "weaknesses": report_weakness,
-    }

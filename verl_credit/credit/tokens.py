@@ -30,7 +30,6 @@ __all__ = [
     "pad_spans",
     "scatter_action_values_to_tokens",
     "spans_from_response_mask",
-    "token_span_index",
 ]
 
 
@@ -57,20 +56,6 @@ def _span_segments(
     kinds = np.zeros((batch, 2 * width + 1), dtype=np.int64)
     kinds[:, 1::2] = np.arange(1, width + 1)
     return kinds, lengths
-
-
-def token_span_index(
-    span_start: torch.Tensor, span_end: torch.Tensor, response_length: int, span_action: torch.Tensor | None = None
-) -> torch.Tensor:
-    """For every token, the index of the span that covers it, or -1. Shapes ``(B, S)`` -> ``(B, R)``.
-
-    ``span_action`` marks padding spans (< 0); by default spans with ``start = end = 0`` are padding.
-    """
-    if span_action is None:
-        span_action = torch.where((span_start == 0) & (span_end == 0), -1, 0)
-    kinds, lengths = _span_segments(span_action.numpy(), span_start.numpy(), span_end.numpy(), response_length)
-    flat = np.repeat(kinds.ravel(), lengths.ravel())
-    return torch.from_numpy(flat.reshape(span_start.shape[0], response_length) - 1)
 
 
 def scatter_action_values_to_tokens(

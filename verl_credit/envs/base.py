@@ -108,6 +108,14 @@ def tool_step(env: Any, num_calls: int) -> Iterator[None]:
         env.end_tool_step(num_calls)
 
 
+def take_turn_reward(env: Any) -> float | None:
+    """The per-turn reward of the action that just finished (an optional ``turn_reward()`` hook,
+    verl's ``turn_scores``; the service world's ``turn_rewards=true``), or None when ``env`` gives
+    none. The driver calls it once per assistant action, after the action's tool calls."""
+    hook = getattr(env, "turn_reward", None)
+    return None if hook is None else float(hook())
+
+
 def episode_over(env: Any) -> bool:
     """Whether ``env`` has ended the episode on its own (an optional ``episode_over`` property; tau2:
     a step hit ``max_steps`` / ``max_errors``): the driver stops generating."""

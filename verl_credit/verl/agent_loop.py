@@ -43,7 +43,15 @@ from verl.experimental.agent_loop.tool_agent_loop import AgentData, AgentState, 
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
-from verl_credit.envs.base import Environment, build_environment, episode_over, episode_task, tool_step
+from verl_credit.envs.base import (
+    Environment,
+    build_environment,
+    episode_over,
+    episode_task,
+    take_turn_reward,
+    tool_step,
+)
+from verl_credit.estimators.needs import TURN_REWARDS_KEY
 from verl_credit.openai_chat import strip_thinking
 from verl_credit.trajectory import Trajectory
 from verl_credit.verl.annotation import annotate_finished_trajectory
@@ -188,6 +196,7 @@ class CreditAgentLoop(ToolAgentLoop):
         agent_data.credit_action_offset = sum(1 for m in messages if m.get("role") == "assistant")
         agent_data.credit_user_replies = 0
         agent_data.credit_dropped_calls = 0
+        agent_data.credit_turn_rewards = []
         return agent_data, episode_info
 
     async def _run_episode(
@@ -201,11 +210,14 @@ class CreditAgentLoop(ToolAgentLoop):
                 phase = Phase.GENERATING
             elif phase is Phase.GENERATING:
                 phase, stop_reason = await self._generate_action(agent_data, sampling_params, actions)
+                if phase is not Phase.TOOLS:  # an action without tool calls is finished here
+                    self._record_turn_reward(agent_data)
             elif phase is Phase.TOOLS:
                 # the turn's executed calls are one environment step (tau2 counts steps and errors so)
                 executed = min(len(agent_data.tool_calls), self.max_parallel_calls)
                 with tool_step(agent_data.credit_env, executed):
                     state = await self._handle_processing_tools_state(agent_data)
+                self._record_turn_reward(agent_data)
                 if state != AgentState.GENERATING:
                     phase, stop_reason = Phase.DONE, "length"
                 elif episode_over(agent_data.credit_env):  # e.g. tau2's max_errors / max_steps
@@ -248,6 +260,14 @@ class CreditAgentLoop(ToolAgentLoop):
             action.cut = self._cut_reason(agent_data)
             return Phase.DONE, action.cut
         return Phase.USER, ""
+
+    @staticmethod
+    def _record_turn_reward(agent_data: AgentData) -> None:
+        """The environment's reward for the action just finished (environments with a
+        ``turn_reward`` hook only): ``turn_rewards`` of the session payload."""
+        reward = take_turn_reward(agent_data.credit_env) if agent_data.credit_env is not None else None
+        if reward is not None:
+            agent_data.credit_turn_rewards.append(reward)
 
     def _cut_reason(self, agent_data: AgentData) -> str:
         """Which of verl's limits stopped the loop (same order as verl checks them)."""
@@ -331,6 +351,9 @@ class CreditAgentLoop(ToolAgentLoop):
             "layout": self.settings.layout,
             "dropped_tool_calls": int(agent_data.credit_dropped_calls),
         }
+        if agent_data.credit_turn_rewards:  # actions of the prompt earned nothing
+            offset = agent_data.credit_action_offset
+            session_payload[TURN_REWARDS_KEY] = [0.0] * offset + list(agent_data.credit_turn_rewards)
         if _is_validation(kwargs) and not self.settings.annotator.in_validation:
             session_payload["validation"] = True  # validation episodes are scored, never trained on
         else:

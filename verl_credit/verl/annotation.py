@@ -27,6 +27,7 @@ from typing import Any
 
 from verl_credit.annotate.base import AnnotationResult, Annotator, annotator_class, build_annotator
 from verl_credit.call_graph import CallGraph
+from verl_credit.estimators.registry import get_estimator
 from verl_credit.graph import GraphValidation, validate_graph
 from verl_credit.trajectory import Trajectory
 from verl_credit.verl.settings import AnnotatorSettings
@@ -117,18 +118,22 @@ def result_summary(result: AnnotationResult) -> dict[str, Any]:
 async def annotate_finished_trajectory(
     trajectory: Trajectory, estimator: str, settings: AnnotatorSettings, annotator: Annotator | None = None
 ) -> dict[str, Any]:
-    """The annotation payload of a finished trajectory for ``extra_fields["credit"]``.
+    """The annotation payload of a finished trajectory for ``extra_fields["credit"]``, by what the
+    estimator needs (``Estimator.needs``).
 
-    ``iapo``: influence graph from the configured annotator (validated; failures become counted
-    fallbacks inside the annotator). ``call_credit``: call graph from the rule classifier.
-    ``iapo`` and ``grpo`` also get the call graph, for ``credit/reward_hacking_rate`` only.
+    Influence graphs (``iapo``): from the configured annotator (validated; failures become counted
+    fallbacks inside the annotator). Call graphs (``call_credit``): from the rule classifier.
+    Every other estimator gets the call graph for ``credit/reward_hacking_rate`` only (anchor
+    states and turn rewards need no annotation: the trainer reads them from the transcript and
+    the environment's ``turn_rewards``).
     """
-    if estimator == "iapo":
+    needs = get_estimator(estimator).needs
+    if "influence_graphs" in needs:
         annotator = annotator or rollout_annotator(settings)
         result = (await annotator.annotate_batch([trajectory]))[0]
         roles = await asyncio.to_thread(_metric_roles, trajectory)
         return {"graph": result.graph.to_json(), "annotation": result_summary(result), **roles}
-    if estimator == "call_credit":
+    if "call_graphs" in needs:
         started = time.perf_counter()
         graph, rv_status = await asyncio.to_thread(build_call_graph, trajectory)
         return {

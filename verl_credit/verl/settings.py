@@ -33,15 +33,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from verl_credit.config import CreditConfig, build_section
+from verl_credit.config import SECTIONS, CreditConfig, build_section
+from verl_credit.estimators.registry import estimator_names
 
 __all__ = [
-    "CREDIT_ESTIMATORS",
     "CREDIT_TRAINER_MODE",
     "HOSTNAME_PLACEHOLDER",
     "LAYOUTS",
     "MOUNTS_PATH",
     "NETWORK_FS_TYPES",
+    "VERL_ESTIMATORS",
     "AnnotatorSettings",
     "CreditSettings",
     "DebugSettings",
@@ -49,6 +50,7 @@ __all__ = [
     "UserSettings",
     "check_cache_location",
     "check_trainer_selection",
+    "credit_estimators",
     "estimator_needs_credit_trainer",
     "expand_cache_path",
     "filesystem_of",
@@ -57,15 +59,23 @@ __all__ = [
     "wrong_trainer_message",
 ]
 
-#: estimators that need the credit trainer (graphs travel in ``extra_fields``)
-CREDIT_ESTIMATORS: tuple[str, ...] = ("iapo", "call_credit")
+#: estimators of verl's own registry that the credit trainer also runs (every other registered
+#: credit estimator needs the credit trainer: its inputs travel in ``extra_fields``)
+VERL_ESTIMATORS: tuple[str, ...] = ("grpo",)
+
+
+def credit_estimators() -> tuple[str, ...]:
+    """Registered credit estimators that only the credit trainer can run (``iapo``, ...)."""
+    return tuple(name for name in estimator_names() if name not in VERL_ESTIMATORS)
+
+
 #: the trainer mode registered by verl_credit.verl.trainer
 CREDIT_TRAINER_MODE = "credit_sync"
 #: ``merged``: one training row per session; ``per_request``: one row per model request
 LAYOUTS: tuple[str, ...] = ("merged", "per_request")
 ANNOTATOR_FALLBACKS: tuple[str, ...] = ("rules", "uniform")
 USER_KINDS: tuple[str, ...] = ("env", "llm", "scripted", "none")
-_CREDIT_MATH_KEYS = ("estimator", "norm_adv_by_std_in_grpo", "epsilon", "iapo", "call_credit")
+_CREDIT_MATH_KEYS = ("estimator", "norm_adv_by_std_in_grpo", "epsilon", "call_credit", *SECTIONS)
 #: replaced in ``credit.annotator.cache_path`` by the loading process's host name (one file per node)
 HOSTNAME_PLACEHOLDER = "{hostname}"
 #: mount table read by :func:`check_cache_location` (tests pass a fake one)
@@ -426,7 +436,7 @@ def check_cache_location(
 
 def _check_edit_proposer(credit: CreditConfig) -> None:
     """The edit proposer must resolve (a registered name or ``module:Class``), switched on or not."""
-    from verl_credit.credit.call_extras import edit_proposer_factory
+    from verl_credit.replay import edit_proposer_factory
 
     try:
         edit_proposer_factory(credit.call_credit.counterfactual.proposer)
@@ -460,8 +470,9 @@ def _require(ok: bool, key: str, message: str, value: Any) -> None:
 
 
 def estimator_needs_credit_trainer(estimator: Any) -> bool:
-    """True for ``iapo``/``call_credit`` (plain str or a str-Enum member)."""
-    return str(getattr(estimator, "value", estimator)) in CREDIT_ESTIMATORS
+    """True for a credit estimator (``iapo``, ``call_credit``, ``gigpo``, ...; plain str or a
+    str-Enum member)."""
+    return str(getattr(estimator, "value", estimator)) in credit_estimators()
 
 
 def wrong_trainer_message(estimator: str) -> str:
@@ -490,15 +501,14 @@ def check_trainer_selection(config: Any) -> None:
 
 
 def _is_credit_trainer(mode: Any) -> bool:
-    """``credit_sync``, or any registered subclass of the credit trainer."""
+    """``credit_sync``, or any registered subclass of the credit trainer (it inherits the class
+    attribute ``is_credit_trainer``; read by name so that this module does not import the trainer)."""
     if mode == CREDIT_TRAINER_MODE:
         return True
     from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
 
-    from verl_credit.verl.trainer import CreditTrainerSync
-
     cls = TRAINER_REGISTRY.get(str(mode))
-    return isinstance(cls, type) and issubclass(cls, CreditTrainerSync)
+    return isinstance(cls, type) and getattr(cls, "is_credit_trainer", False) is True
 
 
 def _is_int(value: Any) -> bool:

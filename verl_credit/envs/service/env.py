@@ -53,21 +53,41 @@ class ServiceEpisode:
         """1.0 when the final database equals the expected one, else 0.0."""
         return 1.0 if self.database.snapshot() == self._expected else 0.0
 
+    def mismatches(self) -> int:
+        """Order fields (status, refund target, refund amount, items) that differ from the expected
+        database: 0 exactly when :meth:`reward` is 1."""
+        current = self.database.snapshot()
+        return sum(
+            current.get(order_id, {}).get(name) != value
+            for order_id, fields in self._expected.items()
+            for name, value in fields.items()
+        )
+
 
 @register_environment("service")
 class ServiceEnvironment(Environment):
     """The demo service world for the agent loop. ``task``: ``{"variant": ..., "seed": ...}``."""
 
     def __init__(self, **options: Any):
-        unknown = set(options) - {"variant"}
+        unknown = set(options) - {"variant", "turn_rewards"}
         if unknown:
-            raise ValueError(f"unknown service environment option(s) {sorted(unknown)}; known: ['variant']")
+            raise ValueError(
+                f"unknown service environment option(s) {sorted(unknown)}; known: ['turn_rewards', 'variant']"
+            )
         self.default_variant = options.get("variant", "mixed")
+        turn_rewards = options.get("turn_rewards", False)
+        if not isinstance(turn_rewards, bool):
+            raise ValueError(f"service environment option turn_rewards must be true or false, got {turn_rewards!r}")
+        if turn_rewards:  # an instance attribute: drivers look the hook up with getattr
+            self.turn_reward = self._turn_reward
         self.episode: ServiceEpisode | None = None
+        self._open_mismatches = 0
+        self._last_mismatches = 0
 
     async def start(self, task: Mapping[str, Any]) -> EpisodeStart:
         spec = {"variant": self.default_variant, **dict(task)}
         self.episode = ServiceEpisode(build_task(spec))
+        self._open_mismatches = self._last_mismatches = self.episode.mismatches()
         return EpisodeStart(
             system_prompt=SYSTEM_PROMPT,
             tools=TOOL_SCHEMAS,
@@ -99,6 +119,15 @@ class ServiceEnvironment(Environment):
 
     async def reward(self) -> float:
         return self._require_episode().reward()
+
+    def _turn_reward(self) -> float:
+        """``turn_rewards=true``: the share of the task's required database changes that the
+        action just finished made (negative when it undid some). The turn rewards of an episode
+        sum to ``1 - mismatches at the end / mismatches at the start``."""
+        now = self._require_episode().mismatches()
+        earned = (self._last_mismatches - now) / max(self._open_mismatches, 1)
+        self._last_mismatches = now
+        return float(earned)
 
     async def close(self) -> None:
         self.episode = None

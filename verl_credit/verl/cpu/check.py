@@ -31,10 +31,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from verl_credit.anchor_states import anchor_states
 from verl_credit.call_graph import CallGraph
 from verl_credit.config import CreditConfig
+from verl_credit.estimators.needs import TURN_REWARDS_KEY, check_turn_rewards
+from verl_credit.estimators.registry import get_estimator
 from verl_credit.graph import validate_graph
 from verl_credit.routing import compute_batch_credit
+from verl_credit.trajectory import Trajectory
 from verl_credit.verl.credit_dump import read_step_dumps
 
 __all__ = ["RunCheck", "StepCheck", "check_run", "check_step", "expected_advantages", "smoke_line"]
@@ -122,7 +126,8 @@ def expected_advantages(record: Mapping[str, Any]) -> tuple[torch.Tensor, int, l
         return expected, len(names), problems
 
     config = CreditConfig.from_mapping(record["credit_config"])
-    lengths, graphs, call_graphs, spans_of = [], [], [], []
+    needs = get_estimator(config.estimator).needs
+    lengths, graphs, call_graphs, states, turn_rewards, spans_of = [], [], [], [], [], []
     for number, name in enumerate(names):
         payload = payloads[final_rows[number]] or {}
         spans = [
@@ -138,28 +143,38 @@ def expected_advantages(record: Mapping[str, Any]) -> tuple[torch.Tensor, int, l
             per_action[action] += end - start
         lengths.append(per_action)
         spans_of.append(spans)
-        if estimator == "iapo":
+        if "influence_graphs" in needs:
             graph, _ = validate_graph(payload.get("graph"), num_actions)
             graphs.append(graph)
-        elif estimator == "call_credit":
+        if "call_graphs" in needs:
             call_graphs.append(CallGraph.from_json(payload["call_graph"]))
+        if "anchor_states" in needs:
+            states.append(anchor_states(Trajectory.from_messages(list(payload["messages"])), config.gigpo.state))
+        if "turn_rewards" in needs:
+            turn_rewards.append(check_turn_rewards(payload.get(TURN_REWARDS_KEY), num_actions, f"session {name}"))
     scores = torch.stack([rewards[row].sum() for row in final_rows]).to(torch.float32)
     credit = compute_batch_credit(
         scores,
         [uid_of[name] for name in names],
         lengths,
         config,
-        graphs if estimator == "iapo" else None,
-        call_graphs if estimator == "call_credit" else None,
+        graphs if "influence_graphs" in needs else None,
+        call_graphs if "call_graphs" in needs else None,
+        anchor_states=states if "anchor_states" in needs else None,
+        turn_rewards=turn_rewards if "turn_rewards" in needs else None,
     )
-    alpha = float(config.call_credit.alpha) if estimator == "call_credit" else 0.0
-    if estimator == "call_credit" and config.call_credit.rv_reward != "off":
+    call_parts = get_estimator(config.estimator).call_credit_parts
+    alpha = float(config.call_credit.alpha) if call_parts else 0.0
+    if call_parts and config.call_credit.rv_reward != "off":
         problems.append("the RV reward (credit.call_credit.rv_reward) is not rebuilt by this check")
     for number, spans in enumerate(spans_of):
         advantage = float(credit.trajectory_advantage[number])
         for action, start, end, row in spans:
-            weight = float(credit.weight[number, action])
-            expected[row, start:end] = advantage * (alpha + (1.0 - alpha) * weight)
+            if credit.additive:  # gigpo, turn_reward: the estimator's own per-action advantage
+                expected[row, start:end] = float(credit.action_advantage[number, action])
+            else:
+                weight = float(credit.weight[number, action])
+                expected[row, start:end] = advantage * (alpha + (1.0 - alpha) * weight)
     return expected * response_mask, len(names), problems
 
 

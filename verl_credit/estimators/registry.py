@@ -1,0 +1,166 @@
+"""The estimator registry: one :class:`Estimator` per ``algorithm.adv_estimator`` name.
+
+Every consumer (``routing``, the offline pipeline, the agent loop, the trainer, the metrics, the
+CLI's ``--estimator`` choices) asks this registry; none branches on an estimator's name. An
+estimator declares what it needs from a finished rollout (:data:`NEEDS`) and how it turns the
+trajectory advantages and those inputs into per-action credit. Adding one is one module under
+``verl_credit/estimators/`` that subclasses :class:`Estimator` and is decorated with
+:func:`register_estimator` (and listed in :data:`BUILTIN_MODULES`, or imported by the user before
+the config is built -- a ``package.module`` in ``VERL_CREDIT_ESTIMATORS`` is imported too).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+
+import torch
+
+if TYPE_CHECKING:
+    from verl_credit.call_graph import CallGraph
+    from verl_credit.config import CreditConfig
+    from verl_credit.graph import InfluenceGraph
+
+__all__ = [
+    "BUILTIN_MODULES",
+    "NEEDS",
+    "ActionCredit",
+    "Estimator",
+    "EstimatorInputs",
+    "estimator_names",
+    "get_estimator",
+    "register_estimator",
+]
+
+#: what an estimator may need from a finished rollout
+NEEDS: tuple[str, ...] = ("influence_graphs", "call_graphs", "anchor_states", "turn_rewards")
+#: the estimators shipped with verl-credit, imported on first use of the registry
+BUILTIN_MODULES: tuple[str, ...] = (
+    "verl_credit.estimators.grpo",
+    "verl_credit.estimators.iapo",
+    "verl_credit.estimators.call_credit",
+    "verl_credit.estimators.gigpo",
+    "verl_credit.estimators.turn_reward",
+)
+_ENV_MODULES = "VERL_CREDIT_ESTIMATORS"
+
+
+@dataclass
+class EstimatorInputs:
+    """What a batch of B trajectories brings to an estimator (each list has B entries; None when
+    no registered need asked for it)."""
+
+    uids: Sequence[Any]
+    scores: torch.Tensor  # (B,) outcome rewards
+    graphs: Sequence[InfluenceGraph] | None = None
+    call_graphs: Sequence[CallGraph] | None = None
+    anchor_states: Sequence[Sequence[str]] | None = None
+    turn_rewards: Sequence[Sequence[float] | None] | None = None
+
+
+@dataclass
+class ActionCredit:
+    """Per-action credit of a batch, ``(B, T)`` float64 tensors.
+
+    ``weight`` is the routed ``w`` (multiplicative estimators: the action's advantage is
+    ``A_tau * w``). Additive estimators (``gigpo``, ``turn_reward``) give ``action_advantage``
+    itself and ``weight`` 1 on real actions.
+    """
+
+    weight: torch.Tensor
+    action_advantage: torch.Tensor | None = None
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+class Estimator:
+    """One advantage estimator. Subclasses set :attr:`name` and :attr:`needs` and implement
+    :meth:`action_credit` (pure tensor math, through ``verl_credit.credit``)."""
+
+    name: ClassVar[str] = ""
+    needs: ClassVar[frozenset[str]] = frozenset()
+    #: whether CALL-CREDIT's optional parts (RV reward, alpha fusion, replays) apply
+    call_credit_parts: ClassVar[bool] = False
+    #: whether the influence-graph metrics (edges per action, error rate) describe its credit
+    routes_influence_graphs: ClassVar[bool] = False
+
+    def trajectory_advantage(self, scores: torch.Tensor, index: Sequence[Any], config: CreditConfig) -> torch.Tensor:
+        """``(B,)`` ``A_tau``: GRPO's group-normalized advantage (``credit.norm_adv_by_std_in_grpo``,
+        ``credit.epsilon``), in ``scores``' dtype."""
+        from verl_credit.credit.grpo import compute_grpo_trajectory_advantage
+
+        return compute_grpo_trajectory_advantage(
+            scores, index, epsilon=config.epsilon, norm_adv_by_std_in_grpo=config.norm_adv_by_std_in_grpo
+        )
+
+    def action_credit(
+        self,
+        advantage: torch.Tensor,
+        lengths: torch.Tensor,
+        valid: torch.Tensor,
+        inputs: EstimatorInputs,
+        config: CreditConfig,
+    ) -> ActionCredit:
+        """Per-action credit.
+
+        Args:
+            advantage: ``(B,)`` float64 GRPO trajectory advantage ``A_tau``.
+            lengths: ``(B, T)`` float64 trainable tokens per action (0 on padding).
+            valid: ``(B, T)`` bool, real actions.
+            inputs: what :attr:`needs` asked for.
+            config: the ``credit`` settings.
+        """
+        raise NotImplementedError
+
+    def require(self, inputs: EstimatorInputs, need: str) -> Any:
+        """``inputs.<need>``, or ``ValueError`` naming the estimator when it was not prepared."""
+        value = getattr(inputs, need)
+        if value is None or len(value) != len(inputs.uids):
+            raise ValueError(f"the {self.name} estimator needs one entry of {need} per trajectory")
+        return value
+
+
+_REGISTRY: dict[str, Estimator] = {}
+_loaded = False
+E = TypeVar("E", bound=type[Estimator])
+
+
+def register_estimator(cls: E) -> E:
+    """Class decorator: register one instance of ``cls`` under ``cls.name``; a second estimator of
+    the same name is an error (as in verl's ``register_adv_est``)."""
+    name = getattr(cls, "name", "")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{cls.__name__} has no estimator name")
+    unknown = set(cls.needs) - set(NEEDS)
+    if unknown:
+        raise ValueError(f"estimator {name!r} needs unknown inputs {sorted(unknown)}; known: {NEEDS}")
+    if name in _REGISTRY and type(_REGISTRY[name]) is not cls:
+        raise ValueError(f"estimator {name!r} is already registered ({type(_REGISTRY[name]).__name__})")
+    _REGISTRY[name] = cls()
+    return cls
+
+
+def _load() -> None:
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    extra = [m for m in os.environ.get(_ENV_MODULES, "").split(",") if m.strip()]
+    for module in (*BUILTIN_MODULES, *extra):
+        importlib.import_module(module.strip())
+
+
+def estimator_names() -> tuple[str, ...]:
+    """Registered names, in registration order."""
+    _load()
+    return tuple(_REGISTRY)
+
+
+def get_estimator(name: str) -> Estimator:
+    """The registered estimator ``name``; ``ValueError`` listing the names otherwise."""
+    _load()
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown estimator {name!r}; registered: {tuple(_REGISTRY)}")
+    return _REGISTRY[name]

@@ -1,0 +1,169 @@
+"""One step's token advantages from a verl batch: sessions -> estimator inputs -> batch credit ->
+(optional CALL-CREDIT parts) -> token advantages + the step's metrics."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from verl_credit.credit.call_credit import fuse_token_advantages
+from verl_credit.credit.call_extras import route_rv_reward_tokens, rv_reward_matrix
+from verl_credit.credit.tokens import scatter_action_values_to_tokens
+from verl_credit.estimators.registry import get_estimator
+from verl_credit.metrics import compute_credit_metrics
+from verl_credit.routing import BatchCredit, compute_batch_credit, route_token_advantages
+from verl_credit.verl.annotation import annotate_now
+from verl_credit.verl.batch import build_span_tensors, group_sessions
+from verl_credit.verl.call_extras_step import CallExtrasState, apply_call_extras, session_reward
+from verl_credit.verl.session_inputs import (
+    Annotate,
+    CreditStep,
+    SessionGraphs,
+    annotation_timed_out,
+    neutralize_groups,
+    payload_count,
+    read_sessions,
+    session_graphs,
+)
+from verl_credit.verl.settings import CreditSettings
+
+__all__ = ["compute_credit_advantages", "token_advantages"]
+
+logger = logging.getLogger(__name__)
+logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
+
+
+def compute_credit_advantages(
+    keys: Sequence[str],
+    tags: Sequence[Mapping[str, Any]],
+    uids: Sequence[Any],
+    extras: Sequence[Any],
+    rollout_mask: torch.Tensor,
+    response_mask: torch.Tensor,
+    token_level_rewards: torch.Tensor,
+    settings: CreditSettings,
+    annotate: Annotate = annotate_now,
+    call_extras: CallExtrasState | None = None,
+    extra_infos: Sequence[Mapping[str, Any] | None] | None = None,
+    step: int | None = None,
+) -> CreditStep:
+    """Token advantages of a verl batch (rows padded to ``R``).
+
+    Args:
+        keys, tags, uids, extras: per row, as stored in TransferQueue.
+        rollout_mask: ``(rows, R)`` response mask as produced by the rollout (defines the spans).
+        response_mask: ``(rows, R)`` mask after rollout correction (tokens it zeroes get 0).
+        token_level_rewards: ``(rows, R)``; a session's score is the sum over its final row.
+        settings: the ``credit`` node.
+        annotate: synchronous annotator for sessions that arrive without a graph.
+        call_extras: the trainer's state of the optional CALL-CREDIT parts (call_credit only;
+            ``None`` or all switches off: not used).
+        extra_infos: per row, the dataset row's ``extra_info`` (environment and task of the session;
+            needed by replays only).
+        step: the training step (DPO records).
+
+    Returns:
+        :class:`CreditStep`; ``advantages`` has ``token_level_rewards``' dtype, 0 on padding rows.
+    """
+    rows, response_length = response_mask.shape
+    sessions, row_session = group_sessions(keys, tags, uids)
+    advantages = torch.zeros((rows, response_length), dtype=token_level_rewards.dtype)
+    if not sessions:
+        return CreditStep(advantages, None, [], {})
+
+    inputs = read_sessions(sessions, keys, extras, rollout_mask, token_level_rewards)
+    found = session_graphs(sessions, inputs, settings, annotate)
+    state = call_extras if call_extras is not None and call_extras.applies_to(settings) else None
+    config = state.credit_config(settings.credit) if state is not None else settings.credit
+    credit = compute_batch_credit(
+        inputs.scores,
+        [s.uid for s in sessions],
+        inputs.lengths,
+        config,
+        found.graphs,
+        found.call_graphs,
+        anchor_states=found.anchor_states,
+        turn_rewards=found.turn_rewards,
+    )
+    if inputs.nonfinite:
+        neutralize_groups(credit, sessions, inputs.nonfinite)
+    extra_metrics: dict[str, float] = {}
+    if state is not None:
+        infos = [dict((extra_infos[s.final_row] if extra_infos is not None else None) or {}) for s in sessions]
+        rewards = [session_reward(extras[s.final_row], float(inputs.scores[n])) for n, s in enumerate(sessions)]
+        credit, extra_metrics = apply_call_extras(credit, inputs, infos, rewards, settings.env, state, step)
+    row_trajectory = torch.tensor([max(s, 0) for s in row_session], dtype=torch.long)
+    routed, rv_total = token_advantages(credit, row_trajectory, inputs.spans_per_row, response_length, settings, found)
+    real = torch.tensor([s >= 0 for s in row_session], dtype=torch.bool).unsqueeze(-1)
+    advantages = torch.where(real, routed * response_mask, advantages)
+    nonfinite_advantages = ~torch.isfinite(advantages)
+    if bool(nonfinite_advantages.any()):  # a last guard: a step never trains on NaN/inf advantages
+        logger.warning(
+            "credit: %d non-finite token advantages set to 0; counted in credit/nonfinite_advantages",
+            int(nonfinite_advantages.sum()),
+        )
+        advantages = torch.where(nonfinite_advantages, torch.zeros_like(advantages), advantages)
+
+    metrics = compute_credit_metrics(
+        credit,
+        found.stats,
+        [t for t in inputs.trajectories if t is not None],
+        graphs=found.graphs,
+        call_graphs=found.call_graphs if found.call_graphs is not None else found.role_graphs,
+        rewards=inputs.scores,
+        groups=[s.uid for s in sessions],
+    )
+    if rv_total is not None:
+        metrics["credit/rv_reward_per_session"] = rv_total / len(sessions)
+    metrics.update(extra_metrics)
+    metrics["credit/annotated_in_trainer"] = float(found.annotated_in_trainer)
+    metrics["credit/missing_transcript"] = float(found.missing_transcript)
+    if found.turn_rewards is not None:
+        metrics["credit/bad_turn_rewards"] = float(found.bad_turn_rewards)
+        metrics["credit/turn_reward_sessions"] = float(sum(r is not None for r in found.turn_rewards))
+    metrics["credit/annotation_timeouts"] = float(sum(annotation_timed_out(p) for p in inputs.payloads))
+    metrics["credit/dropped_tool_calls"] = float(
+        sum(payload_count(p.get("dropped_tool_calls")) for p in inputs.payloads)
+    )
+    metrics["credit/nonfinite_rewards"] = float(len(inputs.nonfinite))
+    metrics["credit/nonfinite_advantages"] = float(nonfinite_advantages.sum())
+    metrics["credit/sessions"] = float(len(sessions))
+    metrics["credit/rows_per_session"] = float(sum(len(s.rows) for s in sessions)) / len(sessions)
+    return CreditStep(advantages, credit, sessions, metrics, config)
+
+
+def token_advantages(
+    credit: BatchCredit,
+    row_trajectory: torch.Tensor,
+    spans_per_row: list[list[tuple[int, int, int]]],
+    response_length: int,
+    settings: CreditSettings,
+    found: SessionGraphs,
+) -> tuple[torch.Tensor, float | None]:
+    """``(rows, R)`` token advantages: ``A_tau * w_i`` on the tokens of action ``i``
+    (``routing.route_token_advantages``); for call_credit also the alpha fusion (eq. 13) and the
+    optional RV reward (eq. 14). Returns the advantages and the batch's total RV reward (or None)."""
+    span_action, span_start, span_end = build_span_tensors(spans_per_row)
+    dtype = credit.trajectory_advantage.dtype
+    routed = route_token_advantages(credit, row_trajectory, span_action, span_start, span_end, response_length, dtype)
+    if not get_estimator(settings.estimator).call_credit_parts:
+        return routed, None
+    call_cfg = settings.credit.call_credit
+    if call_cfg.alpha > 0:
+        ones = torch.ones_like(credit.weight, dtype=dtype)[row_trajectory]
+        action_tokens = scatter_action_values_to_tokens(ones, span_action, span_start, span_end, response_length)
+        grpo_tokens = credit.trajectory_advantage[row_trajectory].unsqueeze(-1) * action_tokens
+        routed = fuse_token_advantages(grpo_tokens, routed, call_cfg.alpha)
+    if call_cfg.rv_reward == "off" or found.call_graphs is None:
+        return routed, None
+    rv_reward = rv_reward_matrix(
+        found.call_graphs, found.rv_statuses, credit.weight.shape[1], call_cfg.rv_reward, call_cfg.kappa
+    )
+    routed = routed + route_rv_reward_tokens(
+        rv_reward, row_trajectory, span_action, span_start, span_end, response_length, dtype=dtype
+    )
+    return routed, float(rv_reward.sum())
