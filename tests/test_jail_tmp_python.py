@@ -20,10 +20,10 @@ from verl_credit.envs.coding.jail import namespace_jail_available
 REPO = Path(__file__).resolve().parents[1]
 
 PROBE = """
-import json, sys, tempfile
+import json, sys
 from pathlib import Path
 from verl_credit.envs.coding.jail import python_dirs_under_tmp, run_jailed
-root = Path(tempfile.mkdtemp(prefix="jail-root-"))
+root = Path(sys.argv[1])
 result = run_jailed("python -c 'import sys; print(sys.prefix)' && touch \\"$(dirname $(command -v python))/x\\"",
                     root, mode="namespace", timeout_s=20)
 print(json.dumps({"kept": python_dirs_under_tmp(), "exit": result.exit_code, "output": result.output}))
@@ -37,8 +37,10 @@ def test_python_under_tmp_is_visible_and_read_only_in_the_jail(tmp_path: Path) -
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=False, system_site_packages=True).create(env_dir)
     python = env_dir / "bin" / "python"
+    root = tmp_path / "root"  # the jailed command's working directory (removed with tmp_path)
+    root.mkdir()
     completed = subprocess.run(
-        [str(python), "-c", PROBE],
+        [str(python), "-c", PROBE, str(root)],
         capture_output=True,
         text=True,
         timeout=100,
