@@ -18,6 +18,7 @@ from openai_stub_server import OpenAIStubServer, Reply
 
 from verl_credit.annotate.base import AnnotationResult, AnnotationStats, Annotator
 from verl_credit.annotate.cache import CachedAnnotator, GraphCache, annotator_identity, cache_key
+from verl_credit.annotate.factory import build_annotator
 from verl_credit.annotate.llm import LLMAnnotator
 from verl_credit.graph import GraphValidation, InfluenceGraph, validate_graph
 from verl_credit.trajectory import Trajectory
@@ -255,7 +256,7 @@ def test_fallbacks_are_not_cached(tmp_path: Path) -> None:
     assert len(cached.cache) == 0
 
 
-def test_llm_annotator_with_cache_path_skips_the_request(tmp_path: Path) -> None:
+def test_llm_annotator_behind_the_cache_skips_the_request(tmp_path: Path) -> None:
     graph = {
         "num_actions": 2,
         "errors": [],
@@ -264,10 +265,10 @@ def test_llm_annotator_with_cache_path_skips_the_request(tmp_path: Path) -> None
     }
     with OpenAIStubServer(lambda request: Reply.json(graph)) as server:
         path = tmp_path / "llm.sqlite"
-        options = {"model": "stub-model", "fallback": "uniform", "cache_path": path}
-        first = LLMAnnotator(server.base_url, **options).annotate([trajectory()])[0]
-        second = LLMAnnotator(server.base_url, **options).annotate([trajectory()])[0]  # restart
-        other_model = LLMAnnotator(server.base_url, **{**options, "model": "other"}).annotate([trajectory()])[0]
+        options = {"base_urls": server.base_url, "model": "stub-model", "fallback": "uniform", "cache_path": path}
+        first = build_annotator("llm", **options).annotate([trajectory()])[0]
+        second = build_annotator("llm", **options).annotate([trajectory()])[0]  # restart
+        other_model = build_annotator("llm", **{**options, "model": "other"}).annotate([trajectory()])[0]
         assert (first.cached, second.cached, other_model.cached) == (False, True, False)
         assert second.source == "llm" and [(e.src, e.dst) for e in second.graph.edges] == [(0, 1)]
         assert len(server.chat_requests) == 2  # first run and the other model; the restart hit the cache

@@ -23,8 +23,9 @@ from openai_stub_server import OpenAIStubServer, Reply
 
 import verl_credit.annotate.llm as llm_module
 import verl_credit.annotate.rules as rules_module
-from verl_credit.annotate.base import AnnotationResult, build_annotator
+from verl_credit.annotate.base import AnnotationResult
 from verl_credit.annotate.cache import CachedAnnotator, GraphCache
+from verl_credit.annotate.factory import build_annotator
 from verl_credit.annotate.llm import INLINE_MAX_CHARS, LLMAnnotator
 from verl_credit.trajectory import Trajectory
 
@@ -136,8 +137,7 @@ def test_the_rule_fallback_runs_off_the_loop(stub_server: OpenAIStubServer, monk
 
 def test_a_blocked_cache_read_does_not_block_the_loop(stub_server: OpenAIStubServer, tmp_path: Path) -> None:
     stub_server.script(Reply.json(GRAPH))
-    llm = make_llm(stub_server, cache_path=tmp_path / "c.sqlite")
-    assert llm.cache is not None
+    llm = CachedAnnotator(make_llm(stub_server), tmp_path / "c.sqlite")
     blocker = Blocker()
     llm.cache.get = blocker.wrap(llm.cache.get)  # type: ignore[method-assign]
     result, _ = asyncio.run(run_while_blocked(blocker, llm.annotate_one(refund())))
@@ -146,8 +146,7 @@ def test_a_blocked_cache_read_does_not_block_the_loop(stub_server: OpenAIStubSer
 
 def test_a_blocked_cache_write_does_not_block_the_loop(stub_server: OpenAIStubServer, tmp_path: Path) -> None:
     stub_server.script(Reply.json(GRAPH))
-    llm = make_llm(stub_server, cache_path=tmp_path / "c.sqlite")
-    assert llm.cache is not None
+    llm = CachedAnnotator(make_llm(stub_server), tmp_path / "c.sqlite")
     blocker = Blocker()
     llm.cache.put = blocker.wrap(llm.cache.put)  # type: ignore[method-assign]
     result, _ = asyncio.run(run_while_blocked(blocker, llm.annotate_one(refund())))

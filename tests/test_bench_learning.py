@@ -78,7 +78,7 @@ def test_quantiles_treat_never_as_infinite():
 
 
 def test_iapo_credit_map_uses_rule_graphs_and_caches_them():
-    from verl_credit.annotate.base import build_annotator
+    from verl_credit.annotate.factory import build_annotator
     from verl_credit.envs.service.agent import MACRO_INDEX, run_episode
     from verl_credit.envs.service.env import ServiceEpisode
 

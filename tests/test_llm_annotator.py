@@ -11,13 +11,15 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from openai_stub_server import OpenAIStubServer, Reply, unused_port
 
-from verl_credit.annotate.base import ANNOTATORS, AnnotationResult, Annotator, build_annotator
+from verl_credit.annotate.base import ANNOTATORS, AnnotationResult, Annotator
+from verl_credit.annotate.factory import build_annotator
 from verl_credit.annotate.hybrid import HybridAnnotator
 from verl_credit.annotate.llm import (
     LLMAnnotator,
@@ -585,3 +587,46 @@ def test_trust_env_opts_in_to_the_proxy(stub_server: OpenAIStubServer, monkeypat
     # every request went to the (dead) proxy: refused, counted, the rules' graph instead
     assert result.source == "fallback:rules" and llm.stats.failures == {"connect": 1}
     assert stub_server.requests == []
+
+
+def test_one_source_of_annotator_defaults_for_the_class_the_cli_and_training(tmp_path: Path) -> None:
+    """``verl-credit annotate`` with no client flags, ``LLMAnnotator()`` and the trainer's
+    ``credit.annotator`` node ask the server the same way (``verl_credit.annotate.defaults``)."""
+    from verl_credit.annotate import defaults
+    from verl_credit.annotate.cache import CachedAnnotator
+    from verl_credit.cli.annotate import build_cli_annotator
+    from verl_credit.cli.main import build_parser
+    from verl_credit.verl.annotation import make_annotator
+    from verl_credit.verl.settings import AnnotatorSettings
+
+    expected = {
+        "concurrency": defaults.CONCURRENCY,
+        "timeout": defaults.TIMEOUT_S,
+        "max_retries": defaults.MAX_RETRIES,
+        "fallback": defaults.FALLBACK,
+    }
+    base = ["annotate", "--input", "x.jsonl", "--out", "y.jsonl", "--annotator", "llm", "--base-url", "http://h:1"]
+    cli = build_cli_annotator(build_parser().parse_args([*base, "--model", "m"]))
+    trained = make_annotator(AnnotatorSettings(name="llm", base_urls=("http://h:1",), model="m"))
+    built = LLMAnnotator("http://h:1", model="m")
+    for annotator in (cli, trained, built):
+        assert isinstance(annotator, LLMAnnotator)
+        seen = {
+            "concurrency": annotator.concurrency,
+            "timeout": annotator.timeout,
+            "max_retries": annotator.retry.max_retries,
+            "fallback": annotator.fallback,
+        }
+        assert seen == expected
+        assert annotator.retry == built.retry and annotator.parse_retries == defaults.PARSE_RETRIES
+    # the cache is attached the one way, wherever the annotator is built
+    cached_cli = build_cli_annotator(
+        build_parser().parse_args([*base, "--model", "m", "--cache", str(tmp_path / "c.sqlite")])
+    )
+    cached_trained = make_annotator(
+        AnnotatorSettings(name="llm", base_urls=("http://h:1",), model="m", cache_path=str(tmp_path / "t.sqlite"))
+    )
+    for cached in (cached_cli, cached_trained):
+        assert isinstance(cached, CachedAnnotator) and isinstance(cached.inner, LLMAnnotator)
+        cached.cache.close()
+    assert not hasattr(built, "cache")

@@ -36,6 +36,7 @@ from test_llm_annotator import (
     refund_trajectory,
 )
 
+from verl_credit.annotate.cache import CachedAnnotator
 from verl_credit.annotate.llm import (
     MAX_DIRECT_INPUTS,
     AnnotationFailure,
@@ -94,17 +95,17 @@ def test_an_answer_breaking_the_contract_is_retried_then_falls_back_uncached(
     assert answer_problems(answer, 3), "the case must break the contract"
     cache = tmp_path / "graphs.sqlite"
     stub_server.script(Reply.json(answer), Reply.json(answer))
-    llm = make_llm(stub_server, cache_path=cache, parse_retries=1)
-    result = annotate(llm)
+    llm = make_llm(stub_server, parse_retries=1)
+    result = annotate(CachedAnnotator(llm, cache))
     # both attempts answered the invalid graph: the rules' chain graph, counted as a fallback
     assert result.source == "fallback:rules" and edge_keys(result.graph) == [(0, 1, "+"), (1, 2, "+")]
     assert llm.stats.failures == {"schema": 2} and llm.stats.fallbacks == 1 and llm.stats.annotated == 0
     assert len(stub_server.chat_requests) == 2
     # nothing was cached: the next run asks again and keeps the good answer (then that one is cached)
     stub_server.script(Reply.json(REFUND_GRAPH))
-    again = make_llm(stub_server, cache_path=cache)
+    again = CachedAnnotator(make_llm(stub_server), cache)
     assert annotate(again).source == "llm" and len(stub_server.chat_requests) == 3
-    third = make_llm(stub_server, cache_path=cache)
+    third = CachedAnnotator(make_llm(stub_server), cache)
     cached = annotate(third)
     assert cached.cached and edge_keys(cached.graph) == GOOD and len(stub_server.chat_requests) == 3
 

@@ -18,7 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from verl_credit.annotate import rules as rules_module
-from verl_credit.annotate.base import AnnotationStats, build_annotator
+from verl_credit.annotate.base import AnnotationStats
+from verl_credit.annotate.factory import build_annotator
 from verl_credit.annotate.rules import RULES_VERSION, RuleAnnotator, annotate_rules, trace_rules
 from verl_credit.annotate.rules_dialog import (
     error_evidence,

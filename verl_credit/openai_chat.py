@@ -1,18 +1,37 @@
-"""One POST to an OpenAI-compatible ``/chat/completions`` endpoint, with retries (shared by the small clients).
+"""The project's one OpenAI-compatible client layer: clients, the retry table, the retry schedule.
 
-Used by the simulated users (``verl_credit.verl.users``, ``verl_credit.envs.tau2.user_sim``), the tau2
-evaluation policy client (``verl_credit.envs.tau2.runner``) and the optional LLM role classifier
-(``verl_credit.annotate.roles``). The LLM annotator (``verl_credit.annotate.llm``) has its own client.
+Every client of an OpenAI-compatible ``/chat/completions`` endpoint in the project goes through this
+module: the LLM annotator (:mod:`verl_credit.annotate.llm`, which adds several endpoints with
+health tracking and a request deadline on top), the simulated users (``verl_credit.verl.users``,
+``verl_credit.envs.tau2.user_sim``), the tau2 evaluation policy client
+(``verl_credit.envs.tau2.runner``) and the optional LLM role classifier
+(``verl_credit.annotate.roles``). They share
 
-Retry policy (attempt ``k`` = 1, 2, ... of ``max_retries`` retries):
+* :func:`make_async_client` / :func:`make_client`: how an ``httpx`` client is made;
+* :data:`RETRY_TABLE`: what a failed attempt is called (:func:`status_failure`,
+  :func:`transport_failure`), whether it is retried and whether it says the endpoint is unwell;
+* :class:`RetryPolicy`: how many retries and how long to wait before each.
 
-* retried: HTTP 408, 429 and 5xx, timeouts, transport errors (refused / dropped connections) and a
-  200 answer whose body is not JSON (a truncated body);
-* the wait before retry ``k`` is the answer's ``Retry-After`` (seconds or an HTTP date) capped at
-  ``retry_after_max_s`` when given, else ``min(backoff_s * 2**(k-1), backoff_max_s)``;
-* final at once: any other non-2xx answer (400, 401, 404, 422, ...);
-* after the last attempt, or on a final answer, :class:`ChatCompletionError` is raised; its message
-  starts with the URL.
+The retry table (attempt ``k`` = 1, 2, ... of ``max_retries`` retries):
+
+=================  =========  =================================================================
+kind               retried    what happened
+=================  =========  =================================================================
+``timeout``        yes        no answer within the client's timeout
+``connect``        yes        connection refused / unreachable host
+``transport``      yes        connection dropped, a broken or undecodable body
+``http_408``       yes        HTTP 408
+``http_429``       yes        HTTP 429 (rate limited)
+``http_5xx``       yes        HTTP 500-599
+``bad_response``   yes        a 2xx whose body is no JSON object (a truncated body)
+``http_4xx``       no         any other non-2xx answer (400, 401, 404, 422, ...)
+``no_message``     no         a JSON answer without ``choices[0].message``
+=================  =========  =================================================================
+
+The wait before retry ``k`` is the answer's ``Retry-After`` (seconds or an HTTP date) capped at
+``retry_after_max_s`` when given, else the exponential backoff ``min(backoff_s * 2**(k-1),
+backoff_max_s)`` (with ``jitter``, drawn from its upper half). After the last attempt, or on a final
+answer, :class:`ChatCompletionError` is raised; its message starts with the URL.
 
 Proxies: the endpoints these clients talk to (vLLM servers, the simulated user's model) are
 cluster-local, while a cluster job's environment often carries ``HTTP_PROXY``/``HTTPS_PROXY`` for
@@ -30,6 +49,7 @@ import email.utils
 import itertools
 import logging
 import math
+import random
 import re
 import time
 from collections.abc import Mapping
@@ -39,8 +59,11 @@ from typing import Any
 import httpx
 
 __all__ = [
+    "DEFAULT_RETRY",
+    "RETRY_TABLE",
     "ChatCompletionError",
     "ReplyText",
+    "RetryPolicy",
     "first_message",
     "log_reasoning_fallback",
     "make_async_client",
@@ -50,20 +73,100 @@ __all__ = [
     "post_chat_completion",
     "post_chat_completion_sync",
     "reply_text",
-    "retry_delay",
+    "status_failure",
     "strip_thinking",
+    "transport_failure",
 ]
 
-_RETRYABLE_STATUS = frozenset({408, 429})
+#: kind of a failed attempt -> (retried, says that the endpoint is unwell). The endpoint half is read by
+#: clients with several endpoints (the LLM annotator cools such an endpoint down); a final answer
+#: (``http_4xx``) came from a live server.
+RETRY_TABLE: Mapping[str, tuple[bool, bool]] = {
+    "timeout": (True, True),
+    "connect": (True, True),
+    "transport": (True, True),
+    "http_408": (True, True),
+    "http_429": (True, True),
+    "http_5xx": (True, True),
+    "bad_response": (True, True),
+    "http_4xx": (False, False),
+    "no_message": (False, False),
+}
+
+
+def status_failure(status: int) -> str | None:
+    """The :data:`RETRY_TABLE` kind of an HTTP status; ``None`` for a 2xx."""
+    if 200 <= status < 300:
+        return None
+    if status in (408, 429):
+        return f"http_{status}"
+    return "http_5xx" if status >= 500 else "http_4xx"
+
+
+def transport_failure(error: BaseException) -> str:
+    """The :data:`RETRY_TABLE` kind of an exception raised while no answer came."""
+    if isinstance(error, httpx.TimeoutException | TimeoutError):
+        return "timeout"
+    if isinstance(error, httpx.ConnectError):
+        return "connect"
+    return "transport"
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often a failed attempt is retried and how long each retry waits (module docstring).
+
+    Attributes:
+        max_retries: retries after the first attempt (``max_retries + 1`` attempts at most).
+        backoff_s, backoff_max_s: the wait before retry ``k`` without ``Retry-After`` is
+            ``min(backoff_s * 2**(k-1), backoff_max_s)``.
+        retry_after_max_s: the longest ``Retry-After`` honoured.
+        jitter: draw each backoff from ``[d/2, d]`` (clients that retry in bulk: many sessions
+            hitting one server should not retry in lockstep).
+    """
+
+    max_retries: int = 3
+    backoff_s: float = 0.5
+    backoff_max_s: float = 8.0
+    retry_after_max_s: float = 60.0
+    jitter: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
+        numbers = {"backoff_s": self.backoff_s, "backoff_max_s": self.backoff_max_s}
+        numbers["retry_after_max_s"] = self.retry_after_max_s
+        for name, value in numbers.items():
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value}")
+
+    @staticmethod
+    def retried(kind: str) -> bool:
+        """Whether a failed attempt of this kind is retried (:data:`RETRY_TABLE`; unknown: no)."""
+        return RETRY_TABLE.get(kind, (False, False))[0]
+
+    def delay(self, attempt: int, retry_after: float | None = None, rng: random.Random | None = None) -> float:
+        """Seconds before retry ``attempt`` (1-based): ``Retry-After`` (capped) if given, else the
+        capped exponential backoff (jittered with ``rng`` when :attr:`jitter`)."""
+        if retry_after is not None:
+            return min(retry_after, self.retry_after_max_s)
+        ceiling = min(self.backoff_s * 2 ** (attempt - 1), self.backoff_max_s)
+        if not self.jitter:
+            return ceiling
+        return ceiling / 2 + (rng or random).uniform(0, ceiling / 2)
+
+
+#: the retries of the small clients (simulated users, the tau2 policy client, the role classifier)
+DEFAULT_RETRY = RetryPolicy()
 
 
 class ChatCompletionError(RuntimeError):
     """A chat-completions request failed for good.
 
     Attributes:
-        kind: ``"timeout"`` (client timeout or HTTP 408), ``"transport"`` (connection refused / dropped),
-            ``"rate_limit"`` (429), ``"server"`` (5xx), ``"http"`` (another non-2xx answer, not retried),
-            ``"invalid_json"`` (a 200 whose body is not JSON) or ``"no_message"`` (no ``choices[0].message``).
+        kind: the last attempt's :data:`RETRY_TABLE` kind (``"timeout"``, ``"connect"``,
+            ``"transport"``, ``"http_408"``, ``"http_429"``, ``"http_5xx"``, ``"bad_response"``,
+            ``"http_4xx"``, ``"no_message"``).
         status: the last HTTP status, ``None`` when no answer came.
     """
 
@@ -120,45 +223,31 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
-def retry_delay(
-    attempt: int, backoff_s: float, backoff_max_s: float, retry_after: float | None, retry_after_max_s: float
-) -> float:
-    """Seconds before retry ``attempt`` (1-based): ``Retry-After`` (capped) if given, else the capped
-    exponential backoff ``min(backoff_s * 2**(attempt-1), backoff_max_s)``."""
-    if retry_after is not None:
-        return min(retry_after, retry_after_max_s)
-    return min(backoff_s * 2 ** (attempt - 1), backoff_max_s)
-
-
 def _error_text(response: httpx.Response, limit: int = 200) -> str:
     text = response.text[:limit]
     return f"HTTP {response.status_code}: {text}" if text else f"HTTP {response.status_code}"
 
 
-def _outcome(url: str, response: httpx.Response) -> tuple[dict[str, Any] | None, ChatCompletionError | None, bool]:
-    """``(json, None, _)`` for a usable answer, else ``(None, error, retryable)``."""
+def _outcome(url: str, response: httpx.Response) -> tuple[dict[str, Any] | None, ChatCompletionError | None]:
+    """``(json, None)`` for a usable answer, else ``(None, error)`` (retried per :data:`RETRY_TABLE`)."""
     status = response.status_code
-    if 200 <= status < 300:
+    kind = status_failure(status)
+    if kind is None:
         try:
             data = response.json()
         except ValueError:
-            return None, ChatCompletionError(f"invalid JSON body: {response.text[:200]}", "invalid_json", status), True
+            return None, ChatCompletionError(f"invalid JSON body: {response.text[:200]}", "bad_response", status)
         if not isinstance(data, dict):
-            return (
-                None,
-                ChatCompletionError(f"{url} answered non-object JSON: {response.text[:200]}", "no_message", status),
-                False,
-            )
-        return data, None, False
-    if status in _RETRYABLE_STATUS or status >= 500:
-        kind = "timeout" if status == 408 else "rate_limit" if status == 429 else "server"
-        return None, ChatCompletionError(_error_text(response), kind, status), True
-    return None, ChatCompletionError(f"{url} answered {_error_text(response, 300)}", "http", status), False
+            message = f"{url} answered non-object JSON: {response.text[:200]}"
+            return None, ChatCompletionError(message, "no_message", status)
+        return data, None
+    if RetryPolicy.retried(kind):
+        return None, ChatCompletionError(_error_text(response), kind, status)
+    return None, ChatCompletionError(f"{url} answered {_error_text(response, 300)}", kind, status)
 
 
 def _transport_error(error: httpx.HTTPError) -> ChatCompletionError:
-    kind = "timeout" if isinstance(error, httpx.TimeoutException) else "transport"
-    return ChatCompletionError(f"{type(error).__name__}: {error}", kind)
+    return ChatCompletionError(f"{type(error).__name__}: {error}", transport_failure(error))
 
 
 def _final(url: str, attempts: int, last: ChatCompletionError) -> ChatCompletionError:
@@ -170,16 +259,13 @@ async def post_chat_completion(
     url: str,
     body: Mapping[str, Any],
     *,
-    max_retries: int,
-    backoff_s: float,
-    backoff_max_s: float = 8.0,
-    retry_after_max_s: float = 60.0,
+    retry: RetryPolicy = DEFAULT_RETRY,
     timeout_s: float | None = None,
     headers: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """POST ``body`` to ``url`` (the full ``.../chat/completions`` URL) and return the parsed JSON answer.
 
-    Makes at most ``max_retries + 1`` attempts (module docstring: what is retried and how long it waits).
+    Makes at most ``retry.max_retries + 1`` attempts (module docstring: what is retried and how long it waits).
     ``timeout_s`` overrides the client's timeout for this request; ``headers`` are added to the client's.
 
     Raises:
@@ -189,23 +275,24 @@ async def post_chat_completion(
     extra: dict[str, Any] = {"timeout": timeout_s} if timeout_s is not None else {}
     last: ChatCompletionError | None = None
     retry_after: float | None = None
-    for attempt in range(max_retries + 1):
+    for attempt in range(retry.max_retries + 1):
         if attempt:
-            await asyncio.sleep(retry_delay(attempt, backoff_s, backoff_max_s, retry_after, retry_after_max_s))
+            await asyncio.sleep(retry.delay(attempt, retry_after))
         retry_after = None
         try:
             response = await client.post(url, json=dict(body), headers=dict(headers or {}), **extra)
         except httpx.HTTPError as error:
             last = _transport_error(error)
             continue
-        data, last, retryable = _outcome(url, response)
+        data, last = _outcome(url, response)
         if data is not None:
             return data
-        if not retryable:
+        assert last is not None
+        if not RetryPolicy.retried(last.kind):
             raise last
         retry_after = parse_retry_after(response.headers.get("retry-after"))
     assert last is not None
-    raise _final(url, max_retries + 1, last)
+    raise _final(url, retry.max_retries + 1, last)
 
 
 def post_chat_completion_sync(
@@ -213,10 +300,7 @@ def post_chat_completion_sync(
     url: str,
     body: Mapping[str, Any],
     *,
-    max_retries: int,
-    backoff_s: float,
-    backoff_max_s: float = 8.0,
-    retry_after_max_s: float = 60.0,
+    retry: RetryPolicy = DEFAULT_RETRY,
     timeout_s: float | None = None,
     headers: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
@@ -224,23 +308,24 @@ def post_chat_completion_sync(
     extra: dict[str, Any] = {"timeout": timeout_s} if timeout_s is not None else {}
     last: ChatCompletionError | None = None
     retry_after: float | None = None
-    for attempt in range(max_retries + 1):
+    for attempt in range(retry.max_retries + 1):
         if attempt:
-            time.sleep(retry_delay(attempt, backoff_s, backoff_max_s, retry_after, retry_after_max_s))
+            time.sleep(retry.delay(attempt, retry_after))
         retry_after = None
         try:
             response = client.post(url, json=dict(body), headers=dict(headers or {}), **extra)
         except httpx.HTTPError as error:
             last = _transport_error(error)
             continue
-        data, last, retryable = _outcome(url, response)
+        data, last = _outcome(url, response)
         if data is not None:
             return data
-        if not retryable:
+        assert last is not None
+        if not RetryPolicy.retried(last.kind):
             raise last
         retry_after = parse_retry_after(response.headers.get("retry-after"))
     assert last is not None
-    raise _final(url, max_retries + 1, last)
+    raise _final(url, retry.max_retries + 1, last)
 
 
 def first_message(response: Mapping[str, Any]) -> dict[str, Any]:

@@ -12,7 +12,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from verl_credit.annotate.base import AnnotationResult, AnnotationStats, Annotator, build_annotator, graph_from_record
+from verl_credit.annotate.base import AnnotationResult, AnnotationStats, Annotator, graph_from_record
+from verl_credit.annotate.factory import build_annotator
 from verl_credit.call_graph import CallGraph
 from verl_credit.config import CreditConfig
 from verl_credit.estimators.needs import anchor_states_of, turn_rewards_of

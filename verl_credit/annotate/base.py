@@ -4,8 +4,9 @@ Every annotator (``rules``, ``llm``, ``hybrid``) subclasses :class:`Annotator` a
 :meth:`Annotator.annotate_one`. Results always carry a *valid* graph: a failure becomes a
 counted fallback (``source`` says which), never an exception into the training loop.
 
-Annotators are chosen by name from :data:`ANNOTATORS` (``build_annotator``), not by an ``if``
-chain; a module registers its class with :func:`register_annotator`.
+Annotators are chosen by name from :data:`ANNOTATORS` (:func:`annotator_class`;
+:func:`verl_credit.annotate.factory.build_annotator` builds one and attaches the cache), not by an
+``if`` chain; a module registers its class with :func:`register_annotator`.
 
 Annotators run inside verl's rollout worker, on the event loop that also serves every other
 agent session, so synchronous work that can take milliseconds must not run on that loop. The
@@ -22,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
-import inspect
 import os
 import threading
 import time
@@ -41,7 +41,6 @@ __all__ = [
     "AnnotationStats",
     "Annotator",
     "annotator_class",
-    "build_annotator",
     "register_annotator",
     "run_blocking",
     "run_blocking_io",
@@ -237,23 +236,6 @@ def annotator_class(name: str) -> Callable[..., Annotator]:
     if name not in ANNOTATORS:
         raise ValueError(f"unknown annotator {name!r}; registered: {sorted(ANNOTATORS)}")
     return ANNOTATORS[name]
-
-
-def build_annotator(name: str, **options: Any) -> Annotator:
-    """Instantiate a registered annotator; unknown names list the registered ones.
-
-    ``cache_path`` wraps annotators that do not cache themselves in a ``CachedAnnotator``.
-    """
-    factory = annotator_class(name)
-    cache_path = options.pop("cache_path", None)
-    if cache_path is not None and "cache_path" in inspect.signature(factory).parameters:
-        return factory(cache_path=cache_path, **options)
-    annotator = factory(**options)
-    if cache_path is not None:
-        from verl_credit.annotate.cache import CachedAnnotator
-
-        return CachedAnnotator(annotator, cache_path)
-    return annotator
 
 
 def _import_builtin_annotators() -> None:

@@ -9,11 +9,9 @@ by_source`` shows the escalation rate.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-from verl_credit.annotate.base import AnnotationResult, Annotator, build_annotator, register_annotator
-from verl_credit.annotate.cache import GraphCache, annotate_with_cache, annotator_identity
+from verl_credit.annotate.base import AnnotationResult, Annotator, annotator_class, register_annotator
 from verl_credit.annotate.llm import LLMAnnotator
 from verl_credit.trajectory import Trajectory
 
@@ -25,17 +23,17 @@ class HybridAnnotator(Annotator):
     """Rules, escalating uncertain trajectories to an LLM.
 
     Args:
-        rules: the rule annotator (default ``build_annotator("rules", **rules_options)``).
+        rules: the rule annotator (default the registered ``rules`` annotator built with ``rules_options``).
         llm: the LLM annotator (default ``LLMAnnotator(**llm_options)`` sharing ``rules`` as its
             fallback).
         rules_options: options of the default rule annotator.
-        cache_path: sqlite cache of the final (hybrid) results.
         **llm_options: options of the default :class:`LLMAnnotator` (``base_urls``, ``model``,
             ``concurrency``, ``timeout``, ``max_retries``, ``fallback``, ``max_model_len``,
             ``max_prompt_tokens``, ``trust_env``, ...).
 
     Nothing slow runs on the event loop: the rule pass runs in the rule annotator's worker
-    thread, the LLM request is asynchronous, the cache reads and writes go to the I/O pool.
+    thread, the LLM request is asynchronous. A cache of the final (hybrid) results is attached
+    from outside (:class:`verl_credit.annotate.cache.CachedAnnotator`), as for every annotator.
     """
 
     def __init__(
@@ -44,15 +42,13 @@ class HybridAnnotator(Annotator):
         llm: LLMAnnotator | None = None,
         *,
         rules_options: dict[str, Any] | None = None,
-        cache_path: str | Path | None = None,
         **llm_options: Any,
     ):
-        self.rules = rules if rules is not None else build_annotator("rules", **(rules_options or {}))
+        self.rules = rules if rules is not None else annotator_class("rules")(**(rules_options or {}))
         self.llm = llm if llm is not None else LLMAnnotator(rules_annotator=self.rules, **llm_options)
         self.concurrency = self.llm.concurrency
         self.model = self.llm.model
         self.escalated = 0
-        self.cache = GraphCache(cache_path) if cache_path is not None else None
 
     @property
     def prompt_version(self) -> str:
@@ -61,19 +57,12 @@ class HybridAnnotator(Annotator):
         return f"{self.llm.prompt_version}+rules={rules_version}"
 
     async def annotate_one(self, trajectory: Trajectory) -> AnnotationResult:
-        if self.cache is not None:
-            return await annotate_with_cache(self.cache, annotator_identity(self), trajectory, self._annotate)
-        return await self._annotate(trajectory)
-
-    async def _annotate(self, trajectory: Trajectory) -> AnnotationResult:
         rules_result = await self.rules.annotate_one(trajectory)
         if not rules_result.uncertain:
             return rules_result
         self.escalated += 1
-        return await self.llm.annotate_uncached(trajectory, rules_result=rules_result)
+        return await self.llm.annotate_one(trajectory, rules_result=rules_result)
 
     async def aclose(self) -> None:
         await self.llm.aclose()
         await self.rules.aclose()
-        if self.cache is not None:
-            self.cache.close()

@@ -15,8 +15,9 @@ One request per trajectory to ``POST {base_url}/chat/completions`` (vLLM's ``vll
   request is on the wire, not while a retry waits);
 * a per-attempt limit ``timeout`` seconds (the whole exchange, not just one socket read) and a
   request deadline ``deadline`` for the trajectory (all attempts and waits);
-* retries with exponential backoff and jitter on 408/429/5xx, timeouts, refused or reset
-  connections and unreadable response bodies; a ``Retry-After`` header (seconds or an HTTP date)
+* retries per the project's one retry table and schedule (:data:`verl_credit.openai_chat.RETRY_TABLE`,
+  :class:`~verl_credit.openai_chat.RetryPolicy`, jittered): 408/429/5xx, timeouts, refused or reset
+  connections and unreadable response bodies are retried; a ``Retry-After`` header (seconds or an HTTP date)
   is honoured, capped at ``retry_after_cap``, and never waited for past the request deadline
   (nor when another endpoint is healthy); other 4xx answers are final;
 * ``parse_retries`` more attempts when the model's answer is unusable (empty, truncated, not
@@ -37,8 +38,9 @@ One request per trajectory to ``POST {base_url}/chat/completions`` (vLLM's ``vll
 
 Nothing slow runs on the event loop that serves the other agent sessions: rendering a long
 transcript (more than :data:`INLINE_MAX_CHARS` characters), parsing a long reply, the sqlite
-cache (:mod:`.cache`) and the rule fallback (the rule annotator's own worker thread) run in
-worker threads (:func:`verl_credit.annotate.base.run_blocking`). The HTTP clients ignore
+cache (:mod:`.cache`, attached from outside by :class:`~verl_credit.annotate.cache.CachedAnnotator`)
+and the rule fallback (the rule annotator's own worker thread) run in worker threads
+(:func:`verl_credit.annotate.base.run_blocking`). The HTTP clients ignore
 ``HTTP(S)_PROXY`` (``trust_env=False``: the endpoints are cluster-local) unless ``trust_env``.
 
 The answer is the answer alone (:func:`extract_answer`): reasoning (``<think>`` blocks) is
@@ -72,16 +74,22 @@ import time
 import zlib
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
 
-from verl_credit.annotate.base import AnnotationResult, Annotator, build_annotator, register_annotator, run_blocking
-from verl_credit.annotate.cache import GraphCache, annotate_with_cache, annotator_identity
+from verl_credit.annotate import defaults
+from verl_credit.annotate.base import AnnotationResult, Annotator, annotator_class, register_annotator, run_blocking
 from verl_credit.annotate.prompt import PROMPT_VERSION, AnnotationPrompt, build_annotation_prompt
 from verl_credit.graph import EDGE_TYPES, SIGNS, GraphValidation, InfluenceGraph, graph_json_schema, validate_graph
-from verl_credit.openai_chat import parse_retry_after
+from verl_credit.openai_chat import (
+    RETRY_TABLE,
+    RetryPolicy,
+    make_async_client,
+    parse_retry_after,
+    status_failure,
+    transport_failure,
+)
 from verl_credit.trajectory import Trajectory
 
 __all__ = [
@@ -116,9 +124,7 @@ FALLBACKS: tuple[str, ...] = ("rules", "uniform")
 API_KEY_ENV = "VERL_CREDIT_ANNOTATOR_API_KEY"
 #: connections per httpx client; the pool is split into ceil(concurrency / POOL_SHARD_SIZE) clients
 POOL_SHARD_SIZE = 4
-_RETRYABLE_STATUS = frozenset({408, 429})
 #: failure kinds that say the endpoint itself is unwell (it is then skipped for a while)
-_ENDPOINT_FAILURES = frozenset({"timeout", "connect", "transport", "bad_response", "http_5xx", "http_429", "http_408"})
 #: the context length assumed when it is neither given nor reported by ``GET /v1/models``
 #: (``scripts/serve_annotator.sh`` serves ``--max-model-len 32768``)
 FALLBACK_MAX_MODEL_LEN = 32768
@@ -564,8 +570,7 @@ class LLMAnnotator(Annotator):
         transport, client: inject an ``httpx.AsyncBaseTransport`` (e.g. ``httpx.MockTransport``)
             or a whole ``httpx.AsyncClient`` (not closed by :meth:`aclose`).
         rules_annotator, rules_options: the fallback rule annotator (default
-            ``build_annotator("rules", **rules_options)``).
-        cache_path: sqlite cache file; hits skip the request (see :mod:`.cache`).
+            the registered ``rules`` annotator built with ``rules_options``).
         jitter_seed: seed of the backoff jitter (reproducible tests).
     """
 
@@ -574,14 +579,14 @@ class LLMAnnotator(Annotator):
         base_urls: str | Sequence[str] = DEFAULT_BASE_URL,
         model: str = DEFAULT_MODEL,
         *,
-        concurrency: int = 64,
-        timeout: float = 120.0,
-        max_retries: int = 4,
-        parse_retries: int = 1,
-        backoff_base: float = 0.5,
-        backoff_max: float = 30.0,
-        retry_after_cap: float = 60.0,
-        fallback: str = "rules",
+        concurrency: int = defaults.CONCURRENCY,
+        timeout: float = defaults.TIMEOUT_S,
+        max_retries: int = defaults.MAX_RETRIES,
+        parse_retries: int = defaults.PARSE_RETRIES,
+        backoff_base: float = defaults.BACKOFF_S,
+        backoff_max: float = defaults.BACKOFF_MAX_S,
+        retry_after_cap: float = defaults.RETRY_AFTER_MAX_S,
+        fallback: str = defaults.FALLBACK,
         max_tokens: int = 4096,
         enable_thinking: bool | None = False,
         max_chars_per_message: int | None = 4000,
@@ -594,7 +599,6 @@ class LLMAnnotator(Annotator):
         client: httpx.AsyncClient | None = None,
         rules_annotator: Annotator | None = None,
         rules_options: dict[str, Any] | None = None,
-        cache_path: str | Path | None = None,
         jitter_seed: int | None = None,
         deadline: float | None = None,
         endpoint_cooldown: float = ENDPOINT_COOLDOWN_S,
@@ -635,11 +639,10 @@ class LLMAnnotator(Annotator):
         self.model = model
         self.concurrency = concurrency
         self.timeout = float(timeout)
-        self.max_retries = max_retries
         self.parse_retries = parse_retries
-        self.backoff_base = backoff_base
-        self.backoff_max = backoff_max
-        self.retry_after_cap = retry_after_cap
+        # the shared retry table and schedule (verl_credit.openai_chat), jittered: many sessions of
+        # a rollout worker share the servers and must not retry in lockstep
+        self.retry = RetryPolicy(max_retries, backoff_base, backoff_max, retry_after_cap, jitter=True)
         self.fallback = fallback
         self.max_tokens = max_tokens
         self.enable_thinking = enable_thinking
@@ -672,8 +675,7 @@ class LLMAnnotator(Annotator):
         self._random = random.Random(jitter_seed)
         self._rules = rules_annotator
         if fallback == "rules" and self._rules is None:
-            self._rules = build_annotator("rules", **(rules_options or {}))
-        self.cache = GraphCache(cache_path) if cache_path is not None else None
+            self._rules = annotator_class("rules")(**(rules_options or {}))
 
     @property
     def prompt_version(self) -> str:
@@ -683,16 +685,12 @@ class LLMAnnotator(Annotator):
         return f"{PROMPT_VERSION}/{ANSWER_CONTRACT}/clip={self.max_chars_per_message}/think={thinking}"
 
     # -- the Annotator interface -------------------------------------------------------------
-    async def annotate_one(self, trajectory: Trajectory) -> AnnotationResult:
-        if self.cache is not None:
-            return await annotate_with_cache(self.cache, annotator_identity(self), trajectory, self.annotate_uncached)
-        return await self.annotate_uncached(trajectory)
-
-    async def annotate_uncached(
+    async def annotate_one(
         self, trajectory: Trajectory, rules_result: AnnotationResult | None = None
     ) -> AnnotationResult:
-        """Annotate without the cache. ``rules_result`` (the hybrid annotator's) is reused as the
-        ``rules`` fallback instead of running the rules again."""
+        """Annotate one trajectory (a cache is attached from outside:
+        :class:`verl_credit.annotate.cache.CachedAnnotator`). ``rules_result`` (the hybrid
+        annotator's) is reused as the ``rules`` fallback instead of running the rules again."""
         if trajectory.num_actions == 0:
             return AnnotationResult(InfluenceGraph.uniform(0), GraphValidation(), "llm")
         prompt: list[AnnotationPrompt] = []  # set once the prompt is built (also for a failure)
@@ -716,8 +714,6 @@ class LLMAnnotator(Annotator):
             for client in clients:
                 await client.aclose()
         self._probe_lock = None
-        if self.cache is not None:
-            self.cache.close()
         if self._rules is not None:
             await self._rules.aclose()
 
@@ -800,9 +796,9 @@ class LLMAnnotator(Annotator):
                     content_failures += 1
                     delay = 0.0
                 else:
-                    if failure.kind in _ENDPOINT_FAILURES:
+                    if RETRY_TABLE.get(failure.kind, (False, False))[1]:  # the endpoint is unwell
                         self._mark_failed(endpoint, failure.retry_after)
-                    if not failure.retryable or transport_failures >= self.max_retries:
+                    if not failure.retryable or transport_failures >= self.retry.max_retries:
                         raise
                     transport_failures += 1
                     avoid = endpoint
@@ -842,7 +838,7 @@ class LLMAnnotator(Annotator):
         health.failures += 1
         cooldown = min(self.endpoint_cooldown_max, self.endpoint_cooldown * 2 ** min(health.failures - 1, 30))
         if retry_after is not None:
-            cooldown = max(cooldown, min(retry_after, self.retry_after_cap))
+            cooldown = max(cooldown, min(retry_after, self.retry.retry_after_max_s))
         health.down_until = max(health.down_until, time.monotonic() + cooldown)
 
     def _mark_alive(self, endpoint: int) -> None:
@@ -932,10 +928,7 @@ class LLMAnnotator(Annotator):
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
         """Seconds before retry ``attempt`` (1-based): ``Retry-After`` if given, else jittered
         exponential backoff."""
-        if retry_after is not None:
-            return min(retry_after, self.retry_after_cap)
-        ceiling = min(self.backoff_max, self.backoff_base * 2 ** (attempt - 1))
-        return ceiling / 2 + self._random.uniform(0, ceiling / 2)
+        return self.retry.delay(attempt, retry_after, self._random)
 
     def _ensure_clients(self) -> asyncio.Semaphore:
         """The request semaphore and the client shards of the running event loop.
@@ -959,7 +952,7 @@ class LLMAnnotator(Annotator):
                 shards = -(-self.concurrency // POOL_SHARD_SIZE)
                 size = min(self.concurrency, POOL_SHARD_SIZE)
                 self._clients = [
-                    httpx.AsyncClient(
+                    make_async_client(
                         transport=self._transport,
                         timeout=httpx.Timeout(self.timeout),
                         limits=httpx.Limits(max_connections=size, max_keepalive_connections=size),
@@ -992,18 +985,16 @@ class LLMAnnotator(Annotator):
             self.stats.requests += 1
             try:
                 reply = await _with_deadline(self._exchange(client, url, body), seconds)
-            except (asyncio.TimeoutError, httpx.TimeoutException):
-                raise AnnotationFailure("timeout", f"{url}: no answer within {seconds:.3g} s") from None
-            except httpx.ConnectError as exc:
-                raise AnnotationFailure("connect", f"{url}: {exc}") from None
-            except (httpx.TransportError, httpx.DecodingError) as exc:
-                raise AnnotationFailure("transport", f"{url}: {type(exc).__name__}: {exc}") from None
+            except (TimeoutError, httpx.TransportError, httpx.DecodingError) as exc:
+                kind = transport_failure(exc)
+                detail = {"timeout": f"no answer within {seconds:.3g} s", "connect": str(exc)}
+                raise AnnotationFailure(kind, f"{url}: {detail.get(kind, f'{type(exc).__name__}: {exc}')}") from None
             finally:
                 if self._shard_load:
                     self._shard_load[shard] -= 1
         status = reply.status
-        if status == 429 or status in _RETRYABLE_STATUS or status >= 500:
-            kind = "http_429" if status == 429 else "http_5xx" if status >= 500 else f"http_{status}"
+        kind = status_failure(status)
+        if kind is not None and RetryPolicy.retried(kind):
             retry_after = _sane_retry_after(reply.headers.get("retry-after"))
             raise AnnotationFailure(kind, f"{url}: HTTP {status}: {reply.text(200)}", retry_after=retry_after)
         self._mark_alive(endpoint)  # it answered: whatever the answer says, the endpoint is up

@@ -614,13 +614,12 @@ class OpenAIRoleClassifier:
         backoff_s: float = 0.5,
         trust_env: bool = False,
     ) -> None:
-        from verl_credit.openai_chat import make_client
+        from verl_credit.openai_chat import RetryPolicy, make_client
 
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model = model
-        self.max_retries = max_retries
-        self.backoff_s = backoff_s
+        self.retry = RetryPolicy(max_retries=max_retries, backoff_s=backoff_s)
         self.context_chars = context_chars
         self.failures = 0
         self.calls = 0
@@ -654,9 +653,7 @@ class OpenAIRoleClassifier:
 
         self.calls += 1
         try:
-            response = post_chat_completion_sync(
-                self._client, self.url, self._request(call), max_retries=self.max_retries, backoff_s=self.backoff_s
-            )
+            response = post_chat_completion_sync(self._client, self.url, self._request(call), retry=self.retry)
             role = json.loads(message_content(response))["role"]
         except ChatCompletionError as error:
             self.last_error = str(error) if str(error).startswith(self.url) else f"{self.url} {error}"

@@ -45,7 +45,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from verl_credit.annotate.base import Annotator, build_annotator
+from verl_credit.annotate.base import Annotator
+from verl_credit.annotate.factory import build_annotator
 from verl_credit.bench.parallel import map_jobs
 from verl_credit.bench.stats import format_rollouts, summarize_learning_runs
 from verl_credit.call_graph import CallGraph

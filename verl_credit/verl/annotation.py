@@ -25,7 +25,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from verl_credit.annotate.base import AnnotationResult, Annotator, annotator_class, build_annotator
+from verl_credit.annotate.base import AnnotationResult, Annotator, annotator_class
+from verl_credit.annotate.factory import build_annotator
 from verl_credit.call_graph import CallGraph
 from verl_credit.estimators.registry import get_estimator
 from verl_credit.graph import GraphValidation, validate_graph
@@ -51,26 +52,17 @@ _ROLLOUT_ANNOTATORS: dict[tuple[AnnotatorSettings, int], Annotator] = {}
 
 
 def make_annotator(settings: AnnotatorSettings) -> Annotator:
-    """Build the configured annotator, passing only the options its constructor accepts.
-
-    ``credit.annotator.cache_path`` goes to annotators that manage their own cache (``llm``,
-    ``hybrid``); any other annotator is wrapped in a ``CachedAnnotator``.
-    """
+    """Build the configured annotator, passing only the options its constructor accepts, behind
+    ``credit.annotator.cache_path`` when set (:func:`verl_credit.annotate.factory.build_annotator`)."""
     try:
         cls = annotator_class(settings.name)
     except ValueError as exc:
         raise ValueError(f"credit.annotator.name: {exc}") from None
     options = settings.annotator_options()
-    if settings.cache_path:
-        options["cache_path"] = settings.cache_path
     accepted = _accepted_options(cls)
     if accepted is not None:
         options = {key: value for key, value in options.items() if key in accepted}
-    annotator = build_annotator(settings.name, **options)
-    if settings.cache_path and "cache_path" not in options:  # the annotator has no cache of its own
-        from verl_credit.annotate.cache import CachedAnnotator
-
-        annotator = CachedAnnotator(annotator, settings.cache_path)
+    annotator = build_annotator(settings.name, cache_path=settings.cache_path or None, **options)
     annotator.concurrency = settings.concurrency
     return annotator
 

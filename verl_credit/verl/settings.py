@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from verl_credit.annotate import defaults as annotator_defaults
 from verl_credit.config import SECTIONS, CreditConfig, build_section
 from verl_credit.estimators.registry import estimator_names
 
@@ -122,13 +123,13 @@ class AnnotatorSettings:
     """OpenAI-compatible endpoints of the LLM annotator (``llm``/``hybrid``)."""
     model: str | None = None
     """Served model name of the LLM annotator."""
-    timeout: float = 120.0
+    timeout: float = annotator_defaults.TIMEOUT_S
     """Seconds per LLM request."""
-    concurrency: int = 16
+    concurrency: int = annotator_defaults.CONCURRENCY
     """Trajectories annotated at once per process."""
-    max_retries: int = 3
+    max_retries: int = annotator_defaults.MAX_RETRIES
     """LLM retries (with backoff) before the fallback."""
-    fallback: str = "rules"
+    fallback: str = annotator_defaults.FALLBACK
     """After a final LLM failure: ``rules`` or ``uniform`` (counted in ``credit/fallback_rate``)."""
     cache_path: str | None = None
     """sqlite graph cache shared by the processes of one node (``null``: no cache). Use node-local
@@ -199,7 +200,7 @@ class AnnotatorSettings:
             _require(bool(self.model), "credit.annotator.model", f"must be set for annotator {self.name!r}", self.model)
 
     def annotator_options(self) -> dict[str, Any]:
-        """Constructor options for ``build_annotator`` (the set ones; ``cache_path`` is handled by
+        """Constructor options for ``build_annotator`` (the set ones; ``cache_path`` is passed by
         ``verl_credit.verl.annotation.make_annotator``; ``in_rollout``, ``in_validation`` and
         ``deadline`` are read by the agent loop, not by the annotator)."""
         options: dict[str, Any] = {

@@ -30,8 +30,10 @@ import httpx
 from verl_credit.envs.base import Environment, UserTurn
 from verl_credit.openai_chat import (
     ChatCompletionError,
+    RetryPolicy,
     first_message,
     log_reasoning_fallback,
+    make_async_client,
     post_chat_completion,
     reply_text,
 )
@@ -154,13 +156,12 @@ class LLMUser(SimulatedUser):
         self.system_prompt = _SYSTEM_TEMPLATE.format(instructions=instructions, stop_token=stop_token)
         self.temperature = temperature
         self.max_tokens = max_tokens
-        self.max_retries = max_retries
+        self.retry = RetryPolicy(max_retries=max_retries, backoff_s=backoff_s)
         self.stop_token = stop_token
-        self.backoff_s = backoff_s
         self.reasoning_fallbacks = 0
         """Replies taken from ``reasoning_content`` / ``reasoning`` because ``content`` was empty."""
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.client = httpx.AsyncClient(timeout=timeout, headers=headers, transport=transport, trust_env=trust_env)
+        self.client = make_async_client(timeout=timeout, headers=headers, transport=transport, trust_env=trust_env)
 
     def request_body(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
         return {
@@ -176,8 +177,7 @@ class LLMUser(SimulatedUser):
                 self.client,
                 self.url,
                 self.request_body(messages),
-                max_retries=self.max_retries,
-                backoff_s=self.backoff_s,
+                retry=self.retry,
             )
         except ChatCompletionError as exc:
             raise UserSimulatorError(f"user LLM at {exc}") from exc

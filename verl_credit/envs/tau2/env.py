@@ -60,6 +60,7 @@ from verl_credit.envs.tau2.termination import (
     StepLimits,
 )
 from verl_credit.envs.tau2.user_sim import OpenAIUserSimulator, UserSimConfig
+from verl_credit.openai_chat import make_async_client
 
 __all__ = ["Tau2Environment"]
 
@@ -157,7 +158,7 @@ class Tau2Environment(Environment):
         self._reset_episode()
         self.domain = str(task["domain"])
         if self._client is None:
-            self._client = httpx.AsyncClient(
+            self._client = make_async_client(
                 transport=self._transport, timeout=self.user_config.timeout_s, trust_env=self.user_config.trust_env
             )
         # the tau2 import, task loading, the domain's database and tau2's user prompt are blocking CPU

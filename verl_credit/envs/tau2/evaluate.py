@@ -215,10 +215,9 @@ def _episodes(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 async def _run_all(args: argparse.Namespace, episodes: list[dict[str, Any]]) -> None:
-    import httpx
-
     from verl_credit.envs.tau2.env import Tau2Environment
     from verl_credit.envs.tau2.runner import PolicyClient, PolicyConfig, run_episode
+    from verl_credit.openai_chat import make_async_client
 
     policy_config = PolicyConfig(
         base_url=args.policy_base_url,
@@ -230,7 +229,7 @@ async def _run_all(args: argparse.Namespace, episodes: list[dict[str, Any]]) -> 
     out = Path(args.out)
     lock = asyncio.Lock()
     # in-cluster endpoints: no HTTP(S)_PROXY from the environment unless --trust-env
-    async with httpx.AsyncClient(timeout=policy_config.timeout_s, trust_env=args.trust_env) as client:
+    async with make_async_client(timeout=policy_config.timeout_s, trust_env=args.trust_env) as client:
         policy = PolicyClient(policy_config, client)
 
         async def one(episode: dict[str, Any]) -> None:

@@ -29,7 +29,7 @@ import httpx
 
 from verl_credit.envs.base import Environment
 from verl_credit.envs.tau2.termination import episode_over, tool_step
-from verl_credit.openai_chat import ChatCompletionError, first_message, post_chat_completion
+from verl_credit.openai_chat import ChatCompletionError, RetryPolicy, first_message, post_chat_completion
 
 __all__ = ["DEFAULT_MAX_PARALLEL_CALLS", "EpisodeResult", "PolicyClient", "PolicyConfig", "run_episode"]
 
@@ -91,9 +91,7 @@ class PolicyClient:
                 self._client,
                 self._url,
                 body,
-                max_retries=self.config.max_retries,
-                backoff_s=0.5,
-                backoff_max_s=8.0,
+                retry=RetryPolicy(max_retries=self.config.max_retries),
                 timeout_s=self.config.timeout_s,
                 headers={"Authorization": f"Bearer {self.config.api_key}"},
             )

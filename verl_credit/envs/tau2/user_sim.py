@@ -29,6 +29,7 @@ from verl_credit.envs.tau2._deps import require_tau2
 from verl_credit.openai_chat import (
     ChatCompletionError,
     ReplyText,
+    RetryPolicy,
     first_message,
     log_reasoning_fallback,
     post_chat_completion,
@@ -232,9 +233,7 @@ class OpenAIUserSimulator:
                 self._client,
                 f"{self._base_url}/chat/completions",
                 payload,
-                max_retries=self.config.max_retries,
-                backoff_s=0.5,
-                backoff_max_s=8.0,
+                retry=RetryPolicy(max_retries=self.config.max_retries),
                 timeout_s=self.config.timeout_s,
                 headers={"Authorization": f"Bearer {self.config.api_key}"},
             )
