@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import select
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -265,3 +268,48 @@ def test_serve_script_reports_a_server_that_dies(tmp_path: Path) -> None:
     }
     done = subprocess.run(["bash", str(SERVE_SCRIPT)], env=env, capture_output=True, text=True, timeout=30)
     assert done.returncode == 2 and "vllm exited with status 3 before becoming healthy" in done.stderr
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _open_for_writing(fifo: Path, process: subprocess.Popen, deadline: float) -> int:
+    """The FIFO's write end, once the process opened its read end (never blocks forever)."""
+    while True:
+        try:
+            return os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as exc:  # ENXIO: no reader yet
+            if exc.errno != errno.ENXIO or process.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"the annotator did not open its input: {exc}") from None
+            time.sleep(0.05)
+
+
+@pytest.mark.timeout(150)
+def test_annotate_streams_a_pipe(tmp_path: Path) -> None:
+    """Input from a FIFO fed a line at a time, output to a pipe: the first graph comes out while
+    the second line is still unwritten (it read the whole input before annotating anything)."""
+    fifo = tmp_path / "rollouts"
+    os.mkfifo(fifo)
+    command = [sys.executable, "-m", "verl_credit.cli.main", "annotate", "--input", str(fifo), "--out", "/dev/stdout"]
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        feed = _open_for_writing(fifo, process, time.monotonic() + 60)
+        os.set_blocking(feed, True)
+        with os.fdopen(feed, "w") as handle:
+            handle.write(json.dumps(rollout("a", 2)) + "\n")
+            handle.flush()
+            assert process.stdout is not None
+            ready, _, _ = select.select([process.stdout], [], [], 60)
+            assert ready, "no graph written while the input is open"
+            first = json.loads(process.stdout.readline())
+            assert first["id"] == "a" and first["source"] == "rules"
+            handle.write(json.dumps(rollout("b", 1, GIVEN | {"num_actions": 1})) + "\n")
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0, err.decode()
+    lines = out.decode().splitlines()
+    assert json.loads(lines[0])["id"] == "b" and json.loads(lines[0])["source"] == "given"
+    assert "wrote 2 graphs to /dev/stdout" in lines[1]

@@ -630,3 +630,16 @@ def test_one_source_of_annotator_defaults_for_the_class_the_cli_and_training(tmp
         assert isinstance(cached, CachedAnnotator) and isinstance(cached.inner, LLMAnnotator)
         cached.cache.close()
     assert not hasattr(built, "cache")
+
+
+def test_the_deadline_flag_reaches_the_llm_annotator_and_is_refused_for_rules() -> None:
+    from verl_credit.cli.annotate import build_cli_annotator
+    from verl_credit.cli.main import build_parser
+
+    base = ["annotate", "--input", "x.jsonl", "--out", "y.jsonl"]
+    llm = build_cli_annotator(build_parser().parse_args([*base, "--annotator", "llm", "--deadline", "7.5"]))
+    assert isinstance(llm, LLMAnnotator) and llm.deadline == 7.5
+    unset = build_cli_annotator(build_parser().parse_args([*base, "--annotator", "llm", "--timeout", "10"]))
+    assert isinstance(unset, LLMAnnotator) and unset.deadline == 10 * (unset.retry.max_retries + 1)
+    with pytest.raises(ValueError, match="--deadline.* apply to the llm and hybrid annotators"):
+        build_cli_annotator(build_parser().parse_args([*base, "--deadline", "3"]))

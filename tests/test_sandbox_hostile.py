@@ -258,3 +258,64 @@ def test_auto_fallback_warns_once_and_is_counted(
 
 def test_os_environ_untouched() -> None:  # the runner pops its channel variables in the child only
     assert "VC_CHANNEL_OUT" not in os.environ
+
+
+# --------------------------------------------------------------------------- 5. an unprivileged jail user
+
+NAMESPACE_AS_ROOT = pytest.mark.skipif(
+    not namespace_jail_available() or os.geteuid() != 0,
+    reason="needs the namespace jail and a root trainer (the jail drops root to an unprivileged user)",
+)
+
+
+@NAMESPACE_AS_ROOT
+@pytest.mark.timeout(60)
+def test_namespace_jail_runs_as_an_unprivileged_host_user(tmp_path: os.PathLike) -> None:
+    """Root outside is nobody inside (it was root mapped to root: ``/etc/shadow`` and ``/root``
+    readable): root-only files are refused, and what the command creates is the jail user's."""
+    root = os.path.join(tmp_path, "work")
+    os.mkdir(root)
+    jail_module.give_to_jail(root, "namespace")
+    command = (
+        "id -u; id -g; id -G; cat /etc/shadow > /dev/null; echo shadow=$?; ls /root/.bashrc /root/.ssh 2>&1; "
+        "grep CapEff /proc/self/status; echo made > made.txt"
+    )
+    result = jail_module.run_jailed(command, jail_module.Path(root), mode="namespace", timeout_s=30)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    uid, gid = str(jail_module.JAIL_UID), str(jail_module.JAIL_GID)
+    assert lines[:3] == [uid, gid, gid], result.output  # no supplementary groups
+    assert "Permission denied" in result.output and "shadow=1" in result.output
+    assert "CapEff:\t0000000000000000" in result.output
+    made = os.stat(os.path.join(root, "made.txt"))
+    assert (made.st_uid, made.st_gid) == (jail_module.JAIL_UID, jail_module.JAIL_GID)
+
+
+@NAMESPACE_AS_ROOT
+@pytest.mark.timeout(120)
+def test_jailed_agent_as_nobody_writes_its_workspace_runs_python_pytest_and_git() -> None:
+    """The sandbox hands its repository to the jail user: the agent edits files (its own and the
+    tools'), runs python and pytest, commits with git; the trainer's reward still works."""
+    with CodingSandbox(TASK, jail="namespace", limits=SandboxLimits(bash_timeout_s=20, test_timeout_s=60)) as box:
+        created = box.call("write_file", {"path": "notes/todo.txt", "content": "one\n"})
+        assert not created.is_error, created.content
+        command = (
+            "id -u && echo two >> notes/todo.txt && echo x > new.txt && python -c 'print(6 * 7)' "
+            "&& git add -A && git -c user.name=a -c user.email=a@b commit -qm wip && git log --oneline | wc -l "
+            "&& cat /etc/shadow"
+        )
+        result = box.call("bash", {"command": command})
+        assert f"exit code 1\n{jail_module.JAIL_UID}\n42\n2\n" in result.content, result.content
+        assert "Permission denied" in result.content
+        for name in ("notes", "notes/todo.txt", "new.txt", ".git"):
+            info = os.stat(box.root / name)
+            assert (info.st_uid, info.st_gid) == (jail_module.JAIL_UID, jail_module.JAIL_GID), name
+        assert (box.root / "notes" / "todo.txt").read_text() == "one\ntwo\n"
+        tests = box.call("run_tests", {})
+        assert tests.content.startswith("pytest exit code 1") and "1 failed" in tests.content, tests.content
+        assert box.reward() == 0.0  # the bug is not fixed
+        _apply_solution(box)  # the edit tool rewrites a file of the jail user's; the owner stays
+        assert os.stat(box.root / load_task(TASK).solution[0].path).st_uid == jail_module.JAIL_UID
+        # visible tests and the hidden tests' agent server run jailed, as nobody
+        assert box.reward() == 1.0 and box.evaluate().integrity is None
+        assert "textutil/slug.py" in box.git_diff()  # the trainer's git reads the jail user's repository

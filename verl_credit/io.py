@@ -392,8 +392,9 @@ def write_jsonl(path: str | Path, records: Iterable[dict[str, Any]]) -> int:
 
     A regular file (or a new path) is written to a temporary file next to it and renamed over
     it; a symlink is written through to its target the same way; a device or FIFO (``/dev/null``,
-    ``/dev/stdout``, a named pipe) is written in place. A record with a non-finite number is
-    refused (:class:`OutputError`): ``NaN``/``Infinity`` are not JSON.
+    ``/dev/stdout``, a named pipe) is written in place, each line flushed as it is written. A
+    record with a non-finite number is refused (:class:`OutputError`): ``NaN``/``Infinity`` are
+    not JSON.
     """
     target = Path(path)
     try:
@@ -410,7 +411,7 @@ def write_jsonl(path: str | Path, records: Iterable[dict[str, Any]]) -> int:
         except OSError as exc:
             raise OutputError(path, f"cannot write: {exc.strerror or exc}") from None
         with handle:
-            return _write_records(handle, records, path)
+            return _write_records(handle, records, path, flush=True)
     real = Path(os.path.realpath(target))  # through any symlink (dangling: the path it names)
     try:
         real.parent.mkdir(parents=True, exist_ok=True)
@@ -445,7 +446,9 @@ def _create_temporary(real: Path) -> tuple[Path, int]:
     raise FileExistsError(f"no free temporary name next to {real}")
 
 
-def _write_records(handle: Any, records: Iterable[dict[str, Any]], path: str | Path) -> int:
+def _write_records(handle: Any, records: Iterable[dict[str, Any]], path: str | Path, flush: bool = False) -> int:
+    """``flush``: each line goes out as it is written (a pipe's reader sees every record as soon as
+    it is done, not when a buffer fills)."""
     count = 0
     for record in records:
         try:
@@ -453,5 +456,7 @@ def _write_records(handle: Any, records: Iterable[dict[str, Any]], path: str | P
         except ValueError as exc:
             raise OutputError(path, f"record {count + 1}: {exc}") from None
         handle.write(text + "\n")
+        if flush:
+            handle.flush()
         count += 1
     return count

@@ -25,6 +25,7 @@ __all__ = [
     "RoutedBatch",
     "annotate_trajectories",
     "build_call_graphs",
+    "close_loop",
     "route_group",
     "route_stream",
     "route_trajectories",
@@ -273,10 +274,10 @@ def route_stream(
         while groups:
             yield finish(groups.popleft())
     finally:
-        _close_loop(loop, annotator if needs_graphs else None)  # type: ignore[arg-type]
+        close_loop(loop, annotator if needs_graphs else None)  # type: ignore[arg-type]
 
 
-def _close_loop(loop: asyncio.AbstractEventLoop, annotator: Annotator | None) -> None:
+def close_loop(loop: asyncio.AbstractEventLoop, annotator: Annotator | None) -> None:
     """What ``asyncio.run`` does at its end: cancel what is left, close the annotator, stop the
     loop's executor (annotation threads) and close the loop."""
     try:

@@ -462,9 +462,9 @@ class _Tracer:
         """Units that first appear in ``action``'s own message (its arguments and entity words of its text)."""
         candidates = list(self.action_units[action])
         content = self.actions[action].content
-        for atom in atomize(content):
-            if is_entity_atom(atom):
-                candidates.append(ArgUnit(atom, ((atom,),), f"text={atom}", -1))
+        # each entity word once (a taint is per unit key; a huge text repeats its words)
+        for atom in dict.fromkeys(atom for atom in atomize(content) if is_entity_atom(atom)):
+            candidates.append(ArgUnit(atom, ((atom,),), f"text={atom}", -1))
         return [u for u in candidates if self.origin_action(u) == action]
 
     def failed_source(self, unit: ArgUnit, consumer_message: int, taints: dict[str, list[_Taint]]) -> int | None:
@@ -693,7 +693,7 @@ class _Tracer:
                 results_by_action.setdefault(action, []).append(message_index)
         for action in self.actions:
             if latest_result is not None and is_mismatch_report(action.content):
-                named = [a for a in atomize(action.content) if is_entity_atom(a)]
+                named = dict.fromkeys(a for a in atomize(action.content) if is_entity_atom(a))  # in order, once
                 source, unit = latest_result, "mismatch"
                 for atom in named:
                     probe = ArgUnit(atom, ((atom,),), "", -1)

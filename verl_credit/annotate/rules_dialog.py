@@ -58,9 +58,24 @@ __all__ = [
 _FLAGS = re.IGNORECASE
 
 
-@functools.lru_cache(maxsize=4096)
+#: texts up to this length have their normalised form remembered; a longer one (a huge message) is
+#: normalised afresh for each pattern, so that no cache keeps a copy of it alive
+MAX_CACHED_CHARS = 1 << 16
+
+
 def _normalized(text: str) -> str:
     """Lower case, curly quotes straightened: what every dialogue-act pattern is matched against."""
+    if len(text) > MAX_CACHED_CHARS:
+        return _normalize(text)
+    return _normalized_cached(text)
+
+
+@functools.lru_cache(maxsize=4096)
+def _normalized_cached(text: str) -> str:
+    return _normalize(text)
+
+
+def _normalize(text: str) -> str:
     text = text.lower()
     if "\u2019" in text or "\u2018" in text:
         text = text.replace("\u2019", "'").replace("\u2018", "'")
@@ -436,6 +451,18 @@ def error_evidence(content: str, flagged: bool = False) -> str | None:
     return None
 
 
+_WORD = re.compile(r"\S+")
+
+
 def _short(text: str, limit: int = 120) -> str:
-    text = " ".join(str(text).split())
+    """``text`` with its white space collapsed, cut to ``limit`` characters (``...`` marking a cut);
+    reads only as many words as that takes (an error result may be a huge message)."""
+    words: list[str] = []
+    length = -1
+    for match in _WORD.finditer(str(text)):
+        words.append(match.group())
+        length += 1 + len(words[-1])
+        if length > limit:
+            break
+    text = " ".join(words)
     return text if len(text) <= limit else text[: limit - 3] + "..."

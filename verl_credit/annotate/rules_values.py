@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -73,6 +73,7 @@ _STRIP_TRAIL = "'.:-_"
 _NUMBER_RE = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
 _TIME_RE = re.compile(r"(\d{1,2})(?::(\d{2}))?(am|pm|a\.m\.|p\.m\.)?")
 _CLOCK_RE = re.compile(r"\d{1,2}:\d{2}")
+_MATCH_TEXT = re.Match.group
 
 
 def _canonical_number(text: str) -> str:
@@ -125,12 +126,24 @@ def _normalize_cached(atom: str) -> str:
     return normalize_atom(atom)
 
 
-def _atomize_cached(text: str) -> list[str]:
+#: texts from this length up to :data:`MAX_CACHED_CHARS` have their atoms remembered (the long
+#: texts every trajectory of a task repeats: system prompt, tool list)
+MIN_CACHED_CHARS = 2000
+#: longer texts (a huge message) are atomised afresh each time: a cache would keep them, and their
+#: atoms, alive after their trajectory is gone
+MAX_CACHED_CHARS = 1 << 18
+
+
+def _is_cached_size(text: str) -> bool:
+    return MIN_CACHED_CHARS <= len(text) <= MAX_CACHED_CHARS
+
+
+def _atomize_cached(text: str) -> Sequence[str]:
     """:func:`atomize` with the long texts every trajectory of a task repeats (system prompt, tool
-    list) remembered."""
-    if len(text) < 2000:
+    list) remembered (a tuple then: do not modify)."""
+    if not _is_cached_size(text):
         return atomize(text)
-    return list(_atomize_long(text))
+    return _atomize_long(text)
 
 
 @functools.lru_cache(maxsize=64)
@@ -139,9 +152,13 @@ def _atomize_long(text: str) -> tuple[str, ...]:
 
 
 def atomize(text: str) -> list[str]:
-    """Text -> normalised atoms, in order. ``"3 pm"`` (a number then am/pm) becomes one time atom."""
+    """Text -> normalised atoms, in order. ``"3 pm"`` (a number then am/pm) becomes one time atom.
+
+    The raw atoms are taken one at a time (not a list of them all first: on a 50 MB message that
+    list alone is about 9x the text); the atoms themselves are shared strings (one per distinct
+    spelling, :func:`_normalize_cached`)."""
     atoms: list[str] = []
-    for raw in _ATOM_RE.findall(text or ""):
+    for raw in map(_MATCH_TEXT, _ATOM_RE.finditer(text or "")):
         atom = _normalize_cached(raw)
         if not atom:
             continue
@@ -232,7 +249,7 @@ def _year_of(atom: str) -> int | None:
 
 
 def derived_atoms(
-    text: str, context: DateContext | None = None, atoms: list[str] | None = None
+    text: str, context: DateContext | None = None, atoms: Sequence[str] | None = None
 ) -> tuple[set[str], set[str]]:
     """``(added, date_days)`` for one text: ISO atoms of its dates in words and values of its spelled
     numbers; the day atoms that stand inside its dates in prose (and nowhere else in it).
@@ -341,7 +358,7 @@ def _derived_long(
 ) -> tuple[frozenset[str], frozenset[str], int | None, int | None]:
     context = DateContext()
     context.year, context.month = year, month
-    added, days = derived_atoms(text, context, list(_atomize_long(text)))
+    added, days = derived_atoms(text, context, _atomize_long(text))
     return frozenset(added), frozenset(days), context.year, context.month
 
 
@@ -350,26 +367,44 @@ class IndexedText:
 
     ``derived`` atoms (dates in words as ISO dates, spelled numbers; :func:`derived_atoms`) count for
     single-atom units; the day number of a date in prose does not (``"May 15"`` is not ``15``).
+
+    Memory: the atom list is not kept (only the set of distinct atoms and the joined sequence, about
+    the text's length); while it is built the peak is the list (8 bytes an atom) plus the joined
+    sequence, about 2x an ASCII text.
     """
 
-    __slots__ = ("atom_set", "atoms", "joined")
+    __slots__ = ("atom_set", "joined")
 
     def __init__(self, text: str, context: DateContext | None = None):
-        self.atoms = _atomize_cached(text) if text else []
         if not text:
-            added, days = set(), set()
-        elif len(text) >= 2000:
+            self.atom_set: frozenset[str] = frozenset()
+            self.joined = "  "
+            return
+        atoms = _atomize_cached(text)
+        if _is_cached_size(text):
             year, month = (context.year, context.month) if context is not None else (None, None)
             added, days, year, month = _derived_long(text, year, month)
             if context is not None:
                 context.year, context.month = year, month
         else:
-            added, days = derived_atoms(text, context, self.atoms)
-        atom_set = set(self.atoms)
-        atom_set -= days
-        atom_set |= added
-        self.atom_set = frozenset(atom_set)
-        self.joined = " " + " ".join(self.atoms) + " "
+            added, days = derived_atoms(text, context, atoms)
+        if added or days:
+            atom_set = set(atoms)
+            atom_set -= days
+            atom_set |= added
+            self.atom_set = frozenset(atom_set)
+            del atom_set
+        else:
+            self.atom_set = frozenset(atoms)
+        if not atoms:
+            self.joined = "  "
+        elif isinstance(atoms, list):  # ours: pad it in place rather than copy the joined text twice
+            atoms.append("")
+            atoms.insert(0, "")
+            self.joined = " ".join(atoms)
+        else:
+            self.joined = " " + " ".join(atoms) + " "
+        del atoms
 
     def contains(self, unit: ArgUnit) -> bool:
         for variant in unit.variants:

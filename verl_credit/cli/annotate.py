@@ -7,23 +7,39 @@ Each line of the graphs JSONL also says whether the trajectory is ``uncertain`` 
 annotator's flag, DESIGN.md section 5: the hybrid annotator escalates these) and, when it is, the
 ``uncertain_reasons`` (the rules' criteria ``U1`` .. ``U7`` with what triggered them); the summary
 counts uncertain trajectories by criterion.
+
+Streaming: the input is read a line at a time (a pipe or FIFO too: it is read once) and each
+graph is written as soon as it and the ones before it are done, in input order; at most
+``--concurrency`` trajectories are held at once, so memory does not grow with the file. A regular
+``--out`` file is replaced at the end (an input error leaves it as it was); a device or FIFO gets
+each line as it is written.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import os
+import queue
+import stat
 import sys
-from collections import Counter
+import threading
+from collections import Counter, deque
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from tqdm import tqdm
 
-from verl_credit.annotate.base import AnnotationResult, AnnotationStats, Annotator, build_annotator
-from verl_credit.io import count_lines, read_rollouts, write_jsonl
-from verl_credit.pipeline import annotate_trajectories
+from verl_credit.annotate import defaults as annotator_defaults
+from verl_credit.annotate.base import AnnotationResult, AnnotationStats, Annotator, graph_from_record
+from verl_credit.annotate.factory import build_annotator
+from verl_credit.cli.graph_problems import GraphProblems
+from verl_credit.io import RolloutReader, count_lines, write_jsonl
+from verl_credit.pipeline import close_loop
+from verl_credit.trajectory import Trajectory
 
 LLM_ANNOTATORS = ("llm", "hybrid")
-_LLM_NUMBERS = ("timeout", "max_retries", "max_model_len", "max_prompt_tokens")
+_LLM_NUMBERS = ("timeout", "max_retries", "deadline", "max_model_len", "max_prompt_tokens")
 
 
 def _any_set(args: argparse.Namespace, names: tuple[str, ...]) -> bool:
@@ -53,9 +69,31 @@ def add_annotator_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--model", default=None, help="served model name of the LLM annotator")
     parser.add_argument("--cache", default=None, help="sqlite annotation cache (created if missing)")
-    parser.add_argument("--concurrency", type=int, default=None, help="trajectories / requests in flight")
-    parser.add_argument("--timeout", type=float, default=None, help="seconds per LLM request")
-    parser.add_argument("--max-retries", type=int, default=None, help="retries per LLM request")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help=f"trajectories / requests in flight (default {annotator_defaults.CONCURRENCY})",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help=f"seconds per LLM request (default {annotator_defaults.TIMEOUT_S:g})",
+    )
+    parser.add_argument(
+        "--max-retries",
+        type=int,
+        default=None,
+        help=f"retries per LLM request (default {annotator_defaults.MAX_RETRIES})",
+    )
+    parser.add_argument(
+        "--deadline",
+        type=float,
+        default=None,
+        help="seconds for one trajectory's whole LLM annotation, every attempt and wait "
+        "(default: timeout x (max retries + 1)); past it the trajectory falls back, counted",
+    )
     parser.add_argument(
         "--fallback", choices=("rules", "uniform"), default=None, help="graph used when the LLM fails (default rules)"
     )
@@ -86,6 +124,7 @@ def build_cli_annotator(args: argparse.Namespace) -> Annotator:
             "concurrency": args.concurrency,
             "timeout": args.timeout,
             "max_retries": args.max_retries,
+            "deadline": args.deadline,
             "fallback": args.fallback,
             "max_model_len": args.max_model_len,
             "max_prompt_tokens": args.max_prompt_tokens,
@@ -94,24 +133,20 @@ def build_cli_annotator(args: argparse.Namespace) -> Annotator:
         options = {key: value for key, value in flags.items() if value is not None}
     elif args.base_url or args.model or args.fallback or args.trust_env or _any_set(args, _LLM_NUMBERS):
         raise ValueError(
-            f"--base-url/--model/--timeout/--max-retries/--fallback/--max-model-len/--max-prompt-tokens/"
+            f"--base-url/--model/--timeout/--max-retries/--deadline/--fallback/--max-model-len/--max-prompt-tokens/"
             f"--trust-env apply to the llm and hybrid annotators, not {args.annotator!r}"
         )
     if args.concurrency is not None and args.concurrency < 1:
         raise ValueError(f"--concurrency must be >= 1, got {args.concurrency}")
-    annotator = build_annotator(args.annotator, **options)
+    annotator = build_annotator(args.annotator, cache_path=args.cache or None, **options)
     if args.concurrency is not None:
         annotator.concurrency = args.concurrency
-    if args.cache:
-        from verl_credit.annotate.cache import CachedAnnotator
-
-        annotator = CachedAnnotator(annotator, args.cache)
     return annotator
 
 
-def format_summary(stats: AnnotationStats, results: list[AnnotationResult], annotator: Annotator) -> list[str]:
+def format_summary(stats: AnnotationStats, annotator: Annotator) -> list[str]:
     """The closing summary: parse rate, fallback rate, cache hits (and the LLM's request counts)."""
-    given = sum(result.source == "given" for result in results)
+    given = stats.by_source.get("given", 0)
     lines = [
         f"  parse rate      {stats.parse_rate:.1%}",
         f"  fallback rate   {stats.fallback_rate:.1%} ({stats.fallbacks})",
@@ -156,49 +191,168 @@ def with_uncertainty(record: dict[str, Any], reasons: list[str], uncertain: bool
     return record
 
 
-def format_uncertainty(all_reasons: list[list[str]], total: int) -> list[str]:
-    """Summary lines: uncertain trajectories, and how many of them each criterion flagged."""
-    from verl_credit.annotate.rules import reason_label
+class UncertaintyCounts:
+    """Uncertain trajectories seen so far, and how many of them each criterion flagged."""
 
-    flagged = sum(bool(reasons) for reasons in all_reasons)
-    by_reason: Counter[str] = Counter()
-    for reasons in all_reasons:
-        by_reason.update({reason_label(reason) for reason in reasons})
-    share = flagged / total if total else 0.0
-    lines = [f"  uncertain       {flagged} ({share:.1%})"]
-    for label, count in sorted(by_reason.items()):
+    def __init__(self) -> None:
+        self.flagged = 0
+        self.by_reason: Counter[str] = Counter()
+
+    def add(self, reasons: list[str]) -> None:
+        from verl_credit.annotate.rules import reason_label
+
+        self.flagged += bool(reasons)
+        self.by_reason.update({reason_label(reason) for reason in reasons})
+
+
+def format_uncertainty(counts: UncertaintyCounts, total: int) -> list[str]:
+    """Summary lines: uncertain trajectories, and how many of them each criterion flagged."""
+    share = counts.flagged / total if total else 0.0
+    lines = [f"  uncertain       {counts.flagged} ({share:.1%})"]
+    for label, count in sorted(counts.by_reason.items()):
         lines.append(f"    {label:<24} {count}")
     return lines
 
 
-def run(args: argparse.Namespace) -> int:
-    total = count_lines(args.input)
-    with tqdm(total=total, desc="read", unit="traj", file=sys.stderr, disable=None) as bar:
-        trajectories, _, duplicates = read_rollouts(
-            args.input, warn=lambda line: bar.write(line, file=sys.stderr), progress=bar.update
-        )
-    if not trajectories:
-        raise ValueError(f"{args.input}: no trajectories")
-    annotator = build_cli_annotator(args)
-    with tqdm(
-        total=len(trajectories), desc=f"annotate:{args.annotator}", unit="traj", file=sys.stderr, disable=None
-    ) as bar:
-        results, stats = annotate_trajectories(trajectories, annotator, progress=bar.update)
-    tools = _rule_tools(annotator)
-    reasons = [uncertainty_of(t, result, tools) for t, result in zip(trajectories, results, strict=True)]
-    records = (
-        with_uncertainty(result.to_record(t.id, args.annotator), why, result.uncertain)
-        for t, result, why in zip(trajectories, results, reasons, strict=True)
-    )
-    write_jsonl(args.out, records)
-    print(f"wrote {len(results)} graphs to {args.out} (annotator={args.annotator})")
-    for line in format_summary(stats, results, annotator):
-        print(line)
-    for line in format_uncertainty(reasons, len(results)):
-        print(line)
-    if duplicates:
-        print(f"  duplicate ids   {duplicates}")
-    from verl_credit.cli.route import print_graph_problems
+class _Reader:
+    """Reads the next trajectory on a thread of its own (daemon: a pipe that never ends cannot keep
+    the process alive), so that the event loop -- the annotations, the writing -- goes on while a
+    pipe waits for its next line. One read at a time, on request: nothing is read ahead."""
 
-    print_graph_problems(trajectories, results)
+    def __init__(self, trajectories: Iterator[Trajectory], loop: asyncio.AbstractEventLoop) -> None:
+        self.trajectories, self.loop = trajectories, loop
+        self.requests: queue.SimpleQueue[asyncio.Future[Any] | None] = queue.SimpleQueue()
+        threading.Thread(target=self._serve, name="annotate-read", daemon=True).start()
+
+    def read(self) -> asyncio.Future[Any]:
+        """A future of the next trajectory (``None`` at the end; an input error raises)."""
+        future = self.loop.create_future()
+        self.requests.put(future)
+        return future
+
+    def close(self) -> None:
+        self.requests.put(None)
+
+    def _serve(self) -> None:
+        try:
+            while (future := self.requests.get()) is not None:
+                try:
+                    value, error = next(self.trajectories, None), None
+                except BaseException as exc:  # an input error: raised where the future is awaited
+                    value, error = None, exc
+                try:
+                    self.loop.call_soon_threadsafe(_settle, future, value, error)
+                except RuntimeError:  # the loop is closed: nobody waits any more
+                    return
+                if value is None:
+                    return
+        finally:
+            close = getattr(self.trajectories, "close", None)
+            if close is not None:
+                close()  # the input file (the generator ran on this thread only)
+
+
+def _settle(future: asyncio.Future[Any], value: Any, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(value)
+
+
+def annotate_stream(
+    trajectories: Iterator[Trajectory],
+    annotator: Annotator,
+    loop: asyncio.AbstractEventLoop,
+    progress: Callable[[int], Any] | None = None,
+) -> Iterator[tuple[Trajectory, AnnotationResult]]:
+    """``(trajectory, result)`` in input order, each as soon as it and every one before it are done.
+
+    A record's own ``graph`` is validated (``source = "given"``), every other trajectory goes to
+    ``annotator`` on ``loop``; at most ``annotator.concurrency`` trajectories are held (read, not
+    yet yielded) plus the one being read, so memory does not grow with the input.
+    """
+    window = max(1, annotator.concurrency)
+    semaphore = asyncio.Semaphore(window)
+
+    async def annotate(trajectory: Trajectory) -> AnnotationResult:
+        async with semaphore:
+            return (await annotator.annotate_batch([trajectory]))[0]
+
+    async def first(*futures: asyncio.Future[Any]) -> None:
+        await asyncio.wait(futures, return_when=asyncio.FIRST_COMPLETED)
+
+    reader = _Reader(trajectories, loop)
+    pending: deque[tuple[Trajectory, AnnotationResult | asyncio.Future[AnnotationResult]]] = deque()
+    read: asyncio.Future[Any] | None = reader.read()
+    try:
+        while read is not None or pending:
+            head = pending[0][1] if pending else None
+            if head is not None and (not isinstance(head, asyncio.Future) or head.done()):
+                trajectory, result = pending.popleft()
+                if isinstance(result, asyncio.Future):
+                    result = result.result()
+                if progress is not None:
+                    progress(1)
+                yield trajectory, result
+                continue
+            if read is not None and len(pending) < window:
+                loop.run_until_complete(first(read, *([head] if isinstance(head, asyncio.Future) else [])))
+                if read.done():
+                    trajectory = read.result()
+                    if trajectory is None:
+                        read = None
+                        continue
+                    given = graph_from_record(trajectory)
+                    pending.append((trajectory, given if given is not None else loop.create_task(annotate(trajectory))))
+                    read = reader.read()
+            else:
+                assert isinstance(head, asyncio.Future)
+                loop.run_until_complete(first(head))
+    finally:
+        reader.close()
+        if read is not None and not read.done():
+            read.cancel()
+
+
+def _is_regular_file(path: str) -> bool:
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False  # the reader names the problem ("cannot open: ...")
+
+
+def run(args: argparse.Namespace) -> int:
+    annotator = build_cli_annotator(args)
+    tools = _rule_tools(annotator)
+    total = count_lines(args.input) if _is_regular_file(args.input) else None  # a pipe is read once
+    stats, uncertain, problems = AnnotationStats(), UncertaintyCounts(), GraphProblems()
+    loop = asyncio.new_event_loop()
+    try:
+        with tqdm(total=total, desc=f"annotate:{args.annotator}", unit="traj", file=sys.stderr, disable=None) as bar:
+            reader = RolloutReader(args.input, warn=lambda line: bar.write(line, file=sys.stderr))
+
+            def records() -> Iterator[dict[str, Any]]:
+                stream = annotate_stream((t for _, _, t in reader), annotator, loop, bar.update)
+                for trajectory, result in stream:
+                    reasons = uncertainty_of(trajectory, result, tools)
+                    stats.add(result)
+                    uncertain.add(reasons)
+                    problems.add(trajectory, result)
+                    yield with_uncertainty(result.to_record(trajectory.id, args.annotator), reasons, result.uncertain)
+                if not stats.total:  # raised before the output is replaced (a regular file keeps its content)
+                    raise ValueError(f"{args.input}: no trajectories")
+
+            count = write_jsonl(args.out, records())
+    finally:
+        close_loop(loop, annotator)
+    print(f"wrote {count} graphs to {args.out} (annotator={args.annotator})")
+    for line in format_summary(stats, annotator):
+        print(line)
+    for line in format_uncertainty(uncertain, stats.total):
+        print(line)
+    if reader.duplicates:
+        print(f"  duplicate ids   {reader.duplicates}")
+    problems.print()
     return 0

@@ -16,7 +16,6 @@ import stat
 import sys
 from collections.abc import Iterator
 from contextlib import closing
-from types import SimpleNamespace
 from typing import Any
 
 from tqdm import tqdm
@@ -24,6 +23,7 @@ from tqdm import tqdm
 from verl_credit.anchor_states import ANCHOR_STATES
 from verl_credit.annotate.base import AnnotationStats
 from verl_credit.cli.annotate import add_annotator_arguments, build_cli_annotator
+from verl_credit.cli.graph_problems import GraphProblems, print_graph_problems
 from verl_credit.config import CallCreditConfig, CreditConfig, GiGPOConfig, IAPOConfig, TurnRewardConfig
 from verl_credit.credit.call_credit import CALL_CREDIT_MODES
 from verl_credit.credit.gigpo import GIGPO_MODES
@@ -130,7 +130,7 @@ def _run_streaming(args: argparse.Namespace, config: CreditConfig, scan: Rollout
     annotator = build_cli_annotator(args) if needs_graphs else "rules"
     width = scan.max_actions
     summary = _StreamSummary()
-    problems = _GraphProblems()
+    problems = GraphProblems()
     with tqdm(total=scan.lines, desc=f"route:{config.estimator}", unit="traj", file=sys.stderr, disable=None) as bar:
         reader = RolloutReader(args.input, warn=lambda line: bar.write(line, file=sys.stderr))
 
@@ -154,7 +154,7 @@ def _run_streaming(args: argparse.Namespace, config: CreditConfig, scan: Rollout
             with closing(stream):
                 for routed in stream:
                     summary.add(routed)
-                    problems.add(routed)
+                    problems.add_all(routed.trajectories, routed.annotations or [])
                     yield from credit_records(
                         routed.trajectories, routed.credit, routed.annotations, routed.call_graphs
                     )
@@ -163,7 +163,7 @@ def _run_streaming(args: argparse.Namespace, config: CreditConfig, scan: Rollout
         count = write_jsonl(args.out, records())
     print_summary(args.out, config.estimator, count, summary.metrics())
     if needs_graphs:
-        print_graph_problems(problems.trajectories, problems.annotations)
+        problems.print()
     if reader.duplicates:
         print(f"  duplicate ids                      {reader.duplicates}")
     return 0
@@ -250,22 +250,6 @@ class _StreamSummary:
         return metrics
 
 
-class _GraphProblems:
-    """The first repaired or replaced given graphs of a stream, as many as
-    :func:`print_graph_problems` shows (and one more, for its "more" line)."""
-
-    def __init__(self, limit: int = 20) -> None:
-        self.limit = limit
-        self.trajectories: list[Any] = []
-        self.annotations: list[Any] = []
-
-    def add(self, routed: RoutedBatch) -> None:
-        for trajectory, annotation in zip(routed.trajectories, routed.annotations or [], strict=False):
-            if len(self.annotations) <= self.limit and _is_graph_problem(annotation):
-                self.trajectories.append(SimpleNamespace(id=trajectory.id))  # the id, not the transcript
-                self.annotations.append(annotation)
-
-
 def _run_in_memory(args: argparse.Namespace, config: CreditConfig, total: int) -> int:
     """The whole file at once (a file not grouped by uid)."""
     with tqdm(total=total, desc="read", unit="traj", file=sys.stderr, disable=None) as bar:
@@ -297,28 +281,6 @@ def _run_in_memory(args: argparse.Namespace, config: CreditConfig, total: int) -
     if duplicates:
         print(f"  duplicate ids                      {duplicates}")
     return 0
-
-
-def print_graph_problems(trajectories: list[Any], annotations: list[Any], limit: int = 20) -> None:
-    """One stderr line per repaired or replaced given graph (the first ``limit``), naming its id."""
-    shown = 0
-    for trajectory, annotation in zip(trajectories, annotations, strict=True):
-        validation = annotation.validation
-        if not _is_graph_problem(annotation):
-            continue
-        if shown == limit:
-            print("verl-credit: warning: more graphs were repaired (see repaired_edges)", file=sys.stderr)
-            return
-        shown += 1
-        action = "replaced by the uniform graph" if validation.fallback else f"{validation.repaired_edges} repairs"
-        problems = "; ".join(validation.problems[:3])
-        print(f"verl-credit: warning: graph of {trajectory.id!r}: {action}: {problems}", file=sys.stderr)
-
-
-def _is_graph_problem(annotation: Any) -> bool:
-    """A given graph that validation repaired or replaced."""
-    validation = annotation.validation
-    return annotation.source == "given" and bool(validation.fallback or validation.repaired_edges)
 
 
 def print_summary(out: str, estimator: str, count: int, metrics: dict[str, float]) -> None:

@@ -20,9 +20,19 @@ every :class:`JailResult`):
   (``ulimit -v``), process count (a per-run pids cgroup with ``pids.max``, both modes, where
   :func:`pids_cgroup_root` finds a writable pids cgroup; otherwise none -- ``ulimit -u`` does not
   bind host root).
-* **not done**: the command runs as host root mapped to root in its user namespace, so files that
-  only root may read (``/etc/shadow``, ``/root``) stay readable; it cannot change them (read-only
-  mounts, no capabilities).
+* **user**: when this process is root, the command runs as the unprivileged host user
+  :data:`JAIL_UID`:`JAIL_GID` (``nobody:nogroup``, no supplementary groups): the user namespace maps
+  root and that user each to itself (:data:`_MAPPED_LAUNCH`; the mount setup runs as the
+  namespace's root), then ``setpriv`` drops to it. File access is checked against that host id, so
+  root-only files (``/etc/shadow``, ``/root``) are unreadable and what the command creates is owned
+  by it. The sandbox root must be writable by it: the coding sandbox hands the trees it creates to
+  the jail user (:func:`give_to_jail`; a direct :func:`run_jailed` caller does the same). A
+  directory the jail user cannot traverse on the way to the Python installation or the sandbox root
+  (a pyenv Python under ``/root``, mode 700) is covered by an empty tmpfs holding only those
+  directories, bound back (:func:`jail_covers`). When this process is not root, the namespace maps
+  its own uid to root inside: the command's file accesses are checked as that (already
+  unprivileged) host uid, and no id is dropped (one id is all a user namespace can map without
+  ``newuidmap``).
 
   Setup fails closed: if any mount cannot be made read-only the command is not run.
 
@@ -31,7 +41,9 @@ with a scrubbed environment (``HOME`` = sandbox, ``TMPDIR`` = a per-sandbox temp
 to a dead port), the same time/output/file-size limits, and a *lexical* pre-check that rejects
 commands naming ``..`` or absolute paths outside the sandbox. This is a guard against accidents,
 not a security boundary: a command that builds a path at run time (``$(...)``, ``python -c``)
-can still write anywhere the user can, open sockets, or leave ``setsid`` processes behind.
+can still write anywhere the user can, open sockets, or leave ``setsid`` processes behind. It runs
+as this process's user (root stays root: a dropped user could not reach a Python installation
+under ``/root`` without the namespace mode's bind mounts).
 
 Neither mode is a defence against a hostile kernel exploit; the namespace mode is a reasonable
 training sandbox for a policy that was never meant to attack it.
@@ -47,6 +59,7 @@ import selectors
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -58,12 +71,17 @@ from pathlib import Path
 
 __all__ = [
     "FALLBACK_COUNT",
+    "JAIL_GID",
     "JAIL_MODES",
+    "JAIL_UID",
     "JailResult",
     "JailSetupError",
     "check_command_paths",
     "fallback_count",
+    "give_to_jail",
     "high_pipe",
+    "jail_covers",
+    "jail_user",
     "namespace_jail_available",
     "pids_cgroup_root",
     "resolve_jail_mode",
@@ -77,15 +95,18 @@ JAIL_MODES = ("auto", "namespace", "fallback")
 _SETUP_FAILED = "verl-credit-jail: setup failed:"
 
 # $1 root  $2 command  $3 file-size limit (KiB)  $4 address-space limit (KiB)
-# $5 ':'-separated directories under /tmp to keep visible read-only (the Python installation)
-# $6.. paths to hide
+# $5 ':'-separated directories to keep visible read-only (the Python installation) under /tmp or a cover
+# $6 ':'-separated directories to cover with an empty tmpfs (not traversable by the jail user)
+# $7 "uid:gid" to run the command as (host root only: see _MAPPED_LAUNCH), or "" (as mapped root)
+# $8.. paths to hide
 _NAMESPACE_SCRIPT = r"""
 set -u
 fail() { echo "verl-credit-jail: setup failed: $*" >&2; exit 125; }
-ROOT="$1"; CMD="$2"; FSIZE="$3"; VMEM="$4"; KEEP="$5"; shift 5
+ROOT="$1"; CMD="$2"; FSIZE="$3"; VMEM="$4"; KEEP="$5"; COVER="$6"; AS="$7"; shift 7
 exec 3<"$ROOT" || fail "cannot open $ROOT"
 KEEP_FDS=()
 IFS=':' read -r -a KEEP_DIRS <<< "$KEEP"
+IFS=':' read -r -a COVER_DIRS <<< "$COVER"
 for keep in "${KEEP_DIRS[@]}"; do
   exec {fd}<"$keep" || fail "cannot open $keep"
   KEEP_FDS+=("$fd")
@@ -96,6 +117,9 @@ while read -r _ _ _ _ mp _; do
   mount -o remount,bind,ro "$mp" 2>/dev/null || fail "cannot make $mp read-only"
 done < /proc/self/mountinfo
 mount -t tmpfs -o size=256m,mode=1777 tmpfs /tmp || fail "private /tmp"
+for cover in "${COVER_DIRS[@]}"; do
+  mount -t tmpfs -o size=1m,mode=755 tmpfs "$cover" || fail "cover $cover"
+done
 for i in "${!KEEP_DIRS[@]}"; do
   keep="${KEEP_DIRS[$i]}"; fd="${KEEP_FDS[$i]}"
   mkdir -p "$keep" || fail "mkdir $keep"
@@ -114,7 +138,42 @@ done
 cd "$ROOT" || fail "cd $ROOT"
 ulimit -f "$FSIZE" || fail "ulimit -f"
 ulimit -v "$VMEM" || fail "ulimit -v"
+if [ -n "$AS" ]; then
+  exec setpriv --reuid="${AS%:*}" --regid="${AS#*:}" --clear-groups \
+    --bounding-set=-all --inh-caps=-all --no-new-privs -- bash -c "$CMD"
+fi
 exec setpriv --bounding-set=-all --inh-caps=-all --no-new-privs -- bash -c "$CMD"
+"""
+
+# Host root only. $1 uid  $2 gid of the jail user  $3.. the command to run in the new user namespace.
+# ``unshare --map-root-user`` maps one id (root to root), so the command could only run as root;
+# here this (root, outside) process writes a two-line map -- root and the jail user, each to itself
+# -- which needs CAP_SETUID/CAP_SETGID outside (no newuidmap). The namespace's root does the mounts
+# and the script then drops to the jail user, whose file accesses are checked as that host id.
+_MAPPED_LAUNCH = r"""
+set -u
+UMAP="0 0 1
+$1 $1 1"
+GMAP="0 0 1
+$2 $2 1"
+shift 2
+unshare --user -- bash -c \
+  'until read -r _ < /proc/self/uid_map && read -r _ < /proc/self/gid_map; do sleep 0.002; done; exec "$@"' \
+  launch "$@" &
+child=$!
+mine=$(readlink /proc/self/ns/user)
+for _ in $(seq 5000); do
+  [ "$(readlink "/proc/$child/ns/user" 2>/dev/null)" != "$mine" ] && break
+  kill -0 "$child" 2>/dev/null || break
+  sleep 0.002
+done
+# one write(2) per map file (cat, not a shell builtin, which may write line by line)
+if ! { cat <<< "$UMAP" > "/proc/$child/uid_map" && cat <<< "$GMAP" > "/proc/$child/gid_map"; } 2>/dev/null; then
+  kill -KILL "$child" 2>/dev/null
+  echo "verl-credit-jail: setup failed: cannot map the jail user $1:$2 in the user namespace" >&2
+  exit 125
+fi
+wait "$child"
 """
 
 # $1 root  $2 command  $3 file-size limit (KiB)  $4 address-space limit (KiB)
@@ -125,6 +184,10 @@ exec bash -c "$2"
 """
 
 _UNSHARE_ARGS = ("--user", "--map-root-user", "--net", "--mount", "--pid", "--fork", "--kill-child", "--mount-proc")
+_UNSHARE_INNER_ARGS = ("--net", "--mount", "--pid", "--fork", "--kill-child", "--mount-proc")  # after _MAPPED_LAUNCH
+#: the unprivileged host user and group a namespace-jailed command runs as when this process is root
+JAIL_UID = 65534
+JAIL_GID = 65534
 _STD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _DEAD_PROXY = "http://127.0.0.1:9"
 _ALLOWED_ABSOLUTE = ("/dev/null", "/dev/stdin", "/dev/stdout", "/dev/stderr", "/dev/zero", "/dev/urandom")
@@ -197,29 +260,110 @@ def python_dirs_under_tmp() -> tuple[str, ...]:
     return tuple(d for d in under_tmp if not any(d != o and d.startswith(o + "/") for o in under_tmp))
 
 
+def jail_user(mode: str) -> tuple[int, int] | None:
+    """``(uid, gid)`` the commands of a resolved jail ``mode`` run as when that is not this
+    process's own user: :data:`JAIL_UID`/:data:`JAIL_GID` in the namespace mode when this process
+    is root; otherwise None (the fallback mode runs as this process; a non-root process's namespace
+    jail maps its own, already unprivileged, uid to root inside)."""
+    if mode == "namespace" and os.geteuid() == 0:
+        return JAIL_UID, JAIL_GID
+    return None
+
+
+def give_to_jail(path: Path | str, mode: str) -> None:
+    """Make a directory tree *this process created* (and no jailed command has run in yet) the jail
+    user's (:func:`jail_user`), so that jailed commands can write it; nothing when the jail runs as
+    this process. Symlinks are changed themselves, never followed."""
+    owner = jail_user(mode)
+    if owner is None:
+        return
+    os.chown(path, *owner, follow_symlinks=False)
+    if os.path.islink(path) or not os.path.isdir(path):
+        return
+    for directory, dirnames, filenames in os.walk(path):
+        for name in (*dirnames, *filenames):
+            os.chown(os.path.join(directory, name), *owner, follow_symlinks=False)
+
+
+def _python_dirs() -> set[str]:
+    return {
+        os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable)))
+    }
+
+
+def _traversable(path: str, uid: int, gid: int) -> bool:
+    info = os.stat(path)
+    if info.st_uid == uid:
+        return bool(info.st_mode & stat.S_IXUSR)
+    if info.st_gid == gid:
+        return bool(info.st_mode & stat.S_IXGRP)
+    return bool(info.st_mode & stat.S_IXOTH)
+
+
+def jail_covers(dirs: Sequence[str], owner: tuple[int, int] | None) -> tuple[str, ...]:
+    """Directories outside ``/tmp`` the jail covers with an empty tmpfs so that ``owner`` (the jail
+    user) can reach ``dirs`` (the Python installation, the sandbox root) through them: for each
+    dir, its topmost ancestor that ``owner`` cannot traverse (``/root``, mode 700, holding a pyenv
+    Python). Inside the cover only the kept directories are bound back: the rest stays unseen."""
+    if owner is None:
+        return ()
+    covers: set[str] = set()
+    for directory in dirs:
+        parts = Path(directory).parts
+        for end in range(2, len(parts)):  # strict ancestors below /
+            ancestor = os.path.join(*parts[:end])
+            if ancestor == "/tmp" or ancestor.startswith("/tmp/"):
+                break  # /tmp is a fresh tmpfs in the jail anyway
+            try:
+                if not _traversable(ancestor, *owner):
+                    covers.add(ancestor)
+                    break
+            except OSError:
+                break
+    if any(":" in c for c in covers):
+        raise JailSetupError(f"cannot cover {sorted(covers)} in the jail (':' in a path)")
+    return tuple(sorted(c for c in covers if not any(c != o and c.startswith(o + "/") for o in covers)))
+
+
+def _kept_python_dirs(covers: Sequence[str]) -> tuple[str, ...]:
+    """The Python installation's directories under ``/tmp`` or a cover (bound back read-only)."""
+    kept = set(python_dirs_under_tmp())
+    for directory in _python_dirs():
+        if any(directory == c or directory.startswith(c + "/") for c in covers):
+            kept.add(directory)
+    if any(":" in d for d in kept):
+        raise JailSetupError(f"cannot keep the Python installation visible in the jail: {sorted(kept)}")
+    return tuple(sorted(d for d in kept if not any(d != o and d.startswith(o + "/") for o in kept)))
+
+
+def _namespace_argv(root: str, command: str, fsize_kib: str, vmem_kib: str, hidden: Sequence[str]) -> list[str]:
+    """The argv of one namespace-jailed command (see the module docstring)."""
+    owner = jail_user("namespace")
+    covers = jail_covers([*_python_dirs(), root], owner)
+    script = [_NAMESPACE_SCRIPT, "jail", root, command, fsize_kib, vmem_kib]
+    script += [":".join(_kept_python_dirs(covers)), ":".join(covers), f"{owner[0]}:{owner[1]}" if owner else ""]
+    if owner is None:
+        return ["unshare", *_UNSHARE_ARGS, "bash", "-c", *script, *hidden]
+    launch = ["bash", "-c", _MAPPED_LAUNCH, "launch", str(owner[0]), str(owner[1])]
+    return [*launch, "unshare", *_UNSHARE_INNER_ARGS, "bash", "-c", *script, *hidden]
+
+
 @functools.lru_cache(maxsize=1)
 def namespace_jail_available() -> bool:
     """True when the full namespace jail can be set up here (probed once per process)."""
     if shutil.which("unshare") is None or shutil.which("setpriv") is None:
         return False
     outside = Path(f"/usr/.vc-jail-probe-{os.getpid()}")  # must stay unwritable inside the jail
+    owner = jail_user("namespace")
+    check = f"touch inside && ! mkdir {outside} 2>/dev/null"
+    if owner is not None:
+        check += f' && [ "$(id -u):$(id -g)" = {owner[0]}:{owner[1]} ]'
     try:
         with tempfile.TemporaryDirectory(prefix="vc-jail-probe-") as tmp:
             real_tmp = os.path.realpath(tmp)
+            give_to_jail(real_tmp, "namespace")
             completed = subprocess.run(
-                [
-                    "unshare",
-                    *_UNSHARE_ARGS,
-                    "bash",
-                    "-c",
-                    _NAMESPACE_SCRIPT,
-                    "jail",
-                    real_tmp,
-                    f"touch inside && ! mkdir {outside} 2>/dev/null",
-                    "65536",
-                    "4194304",
-                    ":".join(python_dirs_under_tmp()),
-                ],
+                _namespace_argv(real_tmp, check, "65536", "4194304", ()),
                 capture_output=True,
                 timeout=20,
                 env=scrubbed_environment(Path(real_tmp), "/tmp"),
@@ -361,20 +505,11 @@ def run_jailed(
     vmem_kib = str(max(1, max_memory_bytes // 1024))
     if resolved_mode == "namespace":
         hidden = [str(p) for p in hide_paths if not _is_within(real_root, Path(os.path.realpath(p)))]
-        argv = [
-            "unshare",
-            *_UNSHARE_ARGS,
-            "bash",
-            "-c",
-            _NAMESPACE_SCRIPT,
-            "jail",
-            str(real_root),
-            command,
-            fsize_kib,
-            vmem_kib,
-            ":".join(python_dirs_under_tmp()),
-            *hidden,
-        ]
+        try:
+            argv = _namespace_argv(str(real_root), command, fsize_kib, vmem_kib, hidden)
+        except BaseException:
+            _close_all(child_fds)
+            raise
         env = scrubbed_environment(real_root, "/tmp", env_extra)
     else:
         reason = check_command_paths(command, real_root)

@@ -45,7 +45,14 @@ from typing import Any
 
 from verl_credit.envs.base import ToolResult
 from verl_credit.envs.coding.hidden_tests import HiddenRun, run_hidden_tests
-from verl_credit.envs.coding.jail import JailResult, resolve_jail_mode, run_jailed, scrubbed_environment
+from verl_credit.envs.coding.jail import (
+    JailResult,
+    give_to_jail,
+    jail_user,
+    resolve_jail_mode,
+    run_jailed,
+    scrubbed_environment,
+)
 from verl_credit.envs.coding.paths import SandboxPathError, display_path, resolve_sandbox_path
 from verl_credit.envs.coding.reward_channel import RUNNER_SOURCE, new_nonce, parse_channel
 from verl_credit.envs.coding.task_spec import TASKS_DIR, CodingTask, load_task
@@ -173,6 +180,8 @@ class CodingSandbox:
         self.limits = limits or SandboxLimits()
         self.reward_mode = reward_mode
         self.require_read_before_edit = require_read_before_edit
+        #: who jailed commands run as, when not this process (files the tools create are given to it)
+        self._jail_owner = jail_user(self.jail_mode)
         self._tmp = Path(os.path.realpath(tempfile.mkdtemp(prefix=f"vc-coding-{self.task.name}-", dir=base_dir)))
         self.root = self._tmp / "repo"
         self._fallback_tmp = self._tmp / "tmp"
@@ -186,6 +195,9 @@ class CodingSandbox:
             self._git("init", "-q")
             self._git("add", "-A")
             self._git("commit", "-q", "-m", f"task {self.task.name}")
+            # the jail user (nobody, when this process is root) must write the repository; nothing
+            # jailed has run in it yet, so every path in it is one this sandbox made
+            give_to_jail(self.root, self.jail_mode)
         except BaseException:
             shutil.rmtree(self._tmp, ignore_errors=True)
             raise
@@ -322,7 +334,7 @@ class CodingSandbox:
                 is_error=True,
             )
         after = before.replace(old, new) if replace_all else before.replace(old, new, 1)
-        _write_regular(target, after.encode("utf-8"))
+        _write_regular(target, after.encode("utf-8"), self._jail_owner)
         replaced = count if replace_all else 1
         plural = "s" if replaced > 1 else ""
         return ToolResult(f"Edited {rel} ({replaced} replacement{plural}).\n{self._diff(rel, before, after)}")
@@ -341,8 +353,8 @@ class CodingSandbox:
                 return refusal
         try:
             before = _read_regular(target).decode("utf-8", errors="replace") if existed else ""
-            target.parent.mkdir(parents=True, exist_ok=True)  # ``target`` is already real and inside the root
-            _write_regular(target, content.encode("utf-8"))
+            self._make_parents(target)  # ``target`` is already real and inside the root
+            _write_regular(target, content.encode("utf-8"), self._jail_owner)
         except _NotRegular:
             return ToolResult(f"Error: {rel} is not a regular file", is_error=True)
         self._known_paths.add(rel)
@@ -435,13 +447,13 @@ class CodingSandbox:
                 file.unlink()  # FIFOs, sockets and devices are never part of a state
         for rel, content in wanted.items():
             target = resolve_sandbox_path(self.root, rel, for_write=True)
-            target.parent.mkdir(parents=True, exist_ok=True)
+            self._make_parents(target)
             try:
                 same = _read_regular(target) == content
             except OSError:
                 same = False
             if not same:
-                _write_regular(target, content)
+                _write_regular(target, content, self._jail_owner)
         self._known_paths = set(state.known_paths)
 
     def git_diff(self) -> str:
@@ -554,6 +566,7 @@ class CodingSandbox:
             elif original.is_file():
                 shutil.copyfile(original, self._eval_dir / name)
         (self._eval_dir / "tests").mkdir(exist_ok=True)
+        give_to_jail(self._eval_dir, self.jail_mode)  # made just now by this process (regular files, dirs)
 
     def _read_report(self, visible: JailResult, nonce: str, hidden: HiddenRun) -> TestReport:
         seen = parse_channel(visible.channel, nonce, [], overflow=visible.channel_overflow)
@@ -568,10 +581,33 @@ class CodingSandbox:
             output += f"\n[reward not trusted: {problem}]\n"
         return TestReport(hidden_passed, hidden_total, visible_passed, visible_total, output, problem)
 
+    def _make_parents(self, target: Path) -> None:
+        """Create ``target``'s missing parent directories (inside the root), each given to the jail user."""
+        missing: list[Path] = []
+        parent = target.parent
+        while not parent.exists() and parent != self.root:
+            missing.append(parent)
+            parent = parent.parent
+        for directory in reversed(missing):
+            try:
+                directory.mkdir()
+            except FileExistsError:
+                continue  # made meanwhile (not by this call: left as it is)
+            if self._jail_owner is not None:
+                os.chown(directory, *self._jail_owner, follow_symlinks=False)
+        target.parent.mkdir(parents=True, exist_ok=True)  # raises as before when a parent is a file
+
     def _git(self, *args: str, capture: bool = False) -> str:
         env = scrubbed_environment(self.root, self._fallback_tmp, _GIT_ENV)
+        # the repository may belong to the jail user: trust it explicitly (git's ownership check)
         completed = subprocess.run(
-            ["git", *args], cwd=self.root, env=env, capture_output=True, text=True, timeout=30, check=False
+            ["git", "-c", f"safe.directory={self.root}", *args],
+            cwd=self.root,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
         )
         if completed.returncode != 0:
             raise RuntimeError(f"git {' '.join(args)} failed in {self.root}: {completed.stderr.strip()}")
@@ -613,10 +649,18 @@ def _read_regular(path: Path, limit: int | None = None) -> bytes:
         os.close(fd)
 
 
-def _write_regular(path: Path, data: bytes) -> None:
-    """Replace the contents of a regular file (created if missing); FIFOs/devices/symlinks are refused."""
+def _write_regular(path: Path, data: bytes, owner: tuple[int, int] | None = None) -> None:
+    """Replace the contents of a regular file (created if missing); FIFOs/devices/symlinks are refused.
+
+    ``owner``: a file this call creates is given to that ``(uid, gid)`` (the jail user); an existing
+    file keeps its owner."""
+    created = False
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | _OPEN_FLAGS, 0o644)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _OPEN_FLAGS, 0o644)
+            created = True
+        except FileExistsError:
+            fd = os.open(path, os.O_WRONLY | _OPEN_FLAGS)
     except OSError as exc:
         if exc.errno in (errno.ENXIO, errno.ELOOP):  # a FIFO without a reader / a symlink
             raise _NotRegular(f"{path} is not a regular file") from exc
@@ -624,6 +668,8 @@ def _write_regular(path: Path, data: bytes) -> None:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise _NotRegular(f"{path} is not a regular file")
+        if created and owner is not None:
+            os.fchown(fd, *owner)
         os.set_blocking(fd, True)
         os.ftruncate(fd, 0)
         view = memoryview(data)
