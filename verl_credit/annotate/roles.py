@@ -590,6 +590,10 @@ after a fix.
 Answer with JSON {"role": "IG" | "AE" | "RV"}."""
 
 
+#: completion budget of one role answer (``{"role": "IG"}`` with some whitespace)
+ROLE_MAX_TOKENS = 32
+
+
 class OpenAIRoleClassifier:
     """:class:`RoleClassifier` over an OpenAI-compatible chat-completions endpoint (e.g. vLLM).
 
@@ -646,6 +650,10 @@ class OpenAIRoleClassifier:
             "temperature": 0,
             "messages": [{"role": "system", "content": ROLE_PROMPT}, {"role": "user", "content": "\n".join(lines)}],
             "response_format": {"type": "json_schema", "json_schema": {"name": "call_role", "schema": schema}},
+            # '{"role": "IG"}' is ~6 tokens; without a cap a model that loops on whitespace (free
+            # whitespace is allowed by the grammar unless the server disables it) runs to the end
+            # of the context and the request times out (seen on vLLM 0.31 + guidance)
+            "max_tokens": ROLE_MAX_TOKENS,
         }
 
     def classify(self, call: CallDescription) -> str | None:
