@@ -48,7 +48,7 @@ import torch
 from verl_credit.annotate.base import Annotator
 from verl_credit.annotate.factory import build_annotator
 from verl_credit.bench.parallel import map_jobs
-from verl_credit.bench.stats import format_rollouts, summarize_learning_runs
+from verl_credit.bench.stats import format_rollouts, mann_whitney_p, summarize_learning_runs
 from verl_credit.call_graph import CallGraph
 from verl_credit.config import CreditConfig
 from verl_credit.credit.grpo import compute_grpo_trajectory_advantage
@@ -381,10 +381,10 @@ def summarize_runs(results: Sequence[RunResult], config: LearningConfig) -> dict
             for arm in arms:
                 if arm != "grpo":
                     runs = [r for r in results if r.variant == variant and r.arm == arm]
-                    arms[arm]["p_rollouts_vs_grpo"] = _mann_whitney_p(
+                    arms[arm]["p_rollouts_vs_grpo"] = mann_whitney_p(
                         [r.rollouts_to_target for r in runs], [r.rollouts_to_target for r in grpo_runs]
                     )
-                    arms[arm]["p_final_vs_grpo"] = _mann_whitney_p(
+                    arms[arm]["p_final_vs_grpo"] = mann_whitney_p(
                         [r.final_success for r in runs], [r.final_success for r in grpo_runs]
                     )
         ratio = math.nan
@@ -392,24 +392,6 @@ def summarize_runs(results: Sequence[RunResult], config: LearningConfig) -> dict
             ratio = _ratio(arms["iapo"]["rollouts_to_target_median"], arms["grpo"]["rollouts_to_target_median"])
         summary["variants"][variant] = {"arms": arms, "iapo_grpo_ratio": ratio}
     return summary
-
-
-def _mann_whitney_p(a: Sequence[float], b: Sequence[float]) -> float:
-    """Two-sided Mann-Whitney U p-value (ranks only, so "never reached" = inf ranks last); nan
-    without scipy."""
-    try:
-        from scipy.stats import mannwhitneyu
-    except ImportError:
-        return math.nan
-
-    if len(a) < 2 or len(b) < 2 or len(set(a) | set(b)) < 2:
-        return math.nan
-    big = max([v for v in (*a, *b) if not math.isinf(v)], default=0.0) + 1.0
-    return float(
-        mannwhitneyu(
-            [big if math.isinf(v) else v for v in a], [big if math.isinf(v) else v for v in b], alternative="two-sided"
-        ).pvalue
-    )
 
 
 def _ratio(a: float, b: float) -> float:

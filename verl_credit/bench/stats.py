@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = ["LearningRun", "format_rollouts", "quantiles", "summarize_learning_runs"]
+__all__ = ["LearningRun", "format_rollouts", "mann_whitney_p", "quantiles", "summarize_learning_runs"]
 
 
 class LearningRun(Protocol):
@@ -64,3 +64,21 @@ def summarize_learning_runs(runs: Sequence[LearningRun]) -> dict[str, Any]:
         "initial_success_mean": float(np.mean([r.initial_success for r in runs])),
         "seconds_mean": float(np.mean([r.seconds for r in runs])),
     }
+
+
+def mann_whitney_p(a: Sequence[float], b: Sequence[float]) -> float:
+    """Two-sided Mann-Whitney U p-value (ranks only, so "never reached" = inf ranks last); nan
+    without scipy."""
+    try:
+        from scipy.stats import mannwhitneyu
+    except ImportError:
+        return math.nan
+
+    if len(a) < 2 or len(b) < 2 or len(set(a) | set(b)) < 2:
+        return math.nan
+    big = max([v for v in (*a, *b) if not math.isinf(v)], default=0.0) + 1.0
+    return float(
+        mannwhitneyu(
+            [big if math.isinf(v) else v for v in a], [big if math.isinf(v) else v for v in b], alternative="two-sided"
+        ).pvalue
+    )

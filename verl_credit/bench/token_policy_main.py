@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from verl_credit.bench.learning import _mann_whitney_p, format_table, plot_curves, summarize_runs, write_results
-from verl_credit.bench.stats import format_rollouts, quantiles
+from verl_credit.bench.learning import format_table, plot_curves, summarize_runs, write_results
+from verl_credit.bench.stats import format_rollouts, mann_whitney_p, quantiles
 from verl_credit.bench.token_policy import (
     ARMS,
     VARIANTS,
@@ -73,7 +73,7 @@ def behaviour_table(results: Sequence[TokenRunResult], config: TokenBenchConfig,
                 continue
             speeds = [r.rollouts_to_train_success(level) for r in runs]
             q25, median, q75 = quantiles(speeds)
-            p_value = _mann_whitney_p(speeds, grpo) if arm != "grpo" else math.nan
+            p_value = mann_whitney_p(speeds, grpo) if arm != "grpo" else math.nan
             p_text = "-" if math.isnan(p_value) else f"{p_value:.2f}"
             rows.append(
                 f"{variant:<13}{arm:<12}{format_rollouts(median):>14}"
