@@ -10,12 +10,14 @@ actions):
     uM, uP   iapo, uniform graphs annotated in the rollout
     nM       iapo, no graph in the rollout (the trainer must annotate)
     cM, cP   call_credit, hand-built call graphs attached in the rollout
+    tM       turn_reward, the environment's per-action rewards (TURN_REWARDS), merged
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -53,7 +55,10 @@ GROUPS = {
     "nM": ("iapo", "merged", "none"),
     "cM": ("call_credit", "merged", "in_rollout"),
     "cP": ("call_credit", "per_request", "in_rollout"),
+    "tM": ("turn_reward", "merged", "turn_rewards"),
 }
+#: per-action environment rewards of the tM sessions (4 / 3 / 2 actions)
+TURN_REWARDS = [[0.0, 0.25, 0.0, 0.5], [0.5, 0.0, 0.0], [0.0, 0.0]]
 BASE = [
     "actor_rollout_ref.rollout.prompt_length=512",
     "actor_rollout_ref.rollout.response_length=256",
@@ -84,6 +89,8 @@ def _rollout_config(prefix: str) -> Any:
     overrides = [*BASE, f"algorithm.adv_estimator={estimator}", f"credit.layout={layout}"]
     if annotation == "none":
         overrides.append("credit.annotator.in_rollout=false")
+    elif annotation == "turn_rewards":
+        pass  # turn_reward needs no influence graph: the environment's rewards and the transcript
     else:
         name = "test_uniform" if annotation == "uniform" else "test_fixed"
         overrides.append(f"credit.annotator.name={name}")
@@ -101,7 +108,9 @@ def stored(ray_tq, chatml_tokenizer, tiny_model, orders_env_cls):
             server = TinyModelServer(tiny_model, chatml_tokenizer, DEFAULT_PLANS)
             outputs[prefix] = []
             for sid, (reward, replies) in enumerate(zip(REWARDS, USER_REPLIES, strict=True)):
-                task = {"user_replies": replies, "reward": reward}
+                task: dict[str, Any] = {"user_replies": replies, "reward": reward}
+                if GROUPS[prefix][2] == "turn_rewards":
+                    task["turn_rewards"] = TURN_REWARDS[sid]
                 session, kwargs = await run_session(config, server, chatml_tokenizer, prefix, sid, task)
                 await put_session(session, kwargs)
                 outputs[prefix].append(session)
@@ -208,6 +217,50 @@ def test_multi_output_sessions_count_once(stored, ray_tq):
         for row in _rows_of(meta, "uP", sid):
             assert torch.allclose(advantages[row], torch.full_like(advantages[row], value), rtol=1e-6, atol=0.0)
     assert metrics["credit/sessions"] == 3.0 and metrics["credit/rows_per_session"] == 3.0
+
+
+@pytest.mark.timeout(180)
+def test_turn_reward_routes_the_environments_turn_rewards(stored, ray_tq):
+    """tM: the agent loop records the environment's per-action rewards and the trainer's
+    ``turn_reward`` advantages equal the credit core's on the same inputs (rebuilt here from the
+    rollout outputs); the turn term is really there (not GRPO)."""
+    from verl_credit.anchor_states import anchor_states
+
+    meta = batch_meta(ray_tq, ["tM_"])
+    metrics: dict[str, float] = {}
+    trainer = _trainer("credit", "algorithm.adv_estimator=turn_reward", "credit.turn_reward.lambda_turn=0.5")
+    trainer._compute_advantage(meta, metrics)
+    advantages = _advantages(ray_tq, meta)
+    settings = load_settings(trainer.config)
+    assert settings.credit.estimator == "turn_reward" and settings.credit.turn_reward.lambda_turn == 0.5
+
+    trajectories, recorded = [], []
+    for sid, outputs in enumerate(stored["tM"]):
+        credit = outputs[-1].extra_fields["credit"]
+        trajectories.append(
+            Trajectory.from_messages(
+                credit["messages"],
+                id=f"tM_{sid}",
+                uid="tM",
+                reward=REWARDS[sid],
+                action_token_lengths=credit["action_lengths"],
+            )
+        )
+        recorded.append(credit["turn_rewards"])
+    assert recorded == TURN_REWARDS  # one environment reward per action, in order
+    lengths = [t.action_lengths for t in trajectories]
+    states = [anchor_states(t, settings.credit.gigpo.state) for t in trajectories]
+    core = compute_batch_credit(
+        torch.tensor(REWARDS), ["tM"] * 3, lengths, settings.credit, anchor_states=states, turn_rewards=recorded
+    )
+    grpo = compute_batch_credit(torch.tensor(REWARDS), ["tM"] * 3, lengths, replace(settings.credit, estimator="grpo"))
+    assert not torch.allclose(core.action_advantage, grpo.action_advantage)  # the turn term changes the credit
+    for sid, outputs in enumerate(stored["tM"]):
+        rows = _rows_of(meta, "tM", sid)
+        for action, tokens in _action_values(outputs, [advantages[r] for r in rows]).items():
+            target = core.action_advantage[sid, action].to(tokens.dtype)
+            assert torch.allclose(tokens, target.expand_as(tokens), rtol=1e-6, atol=1e-7), (sid, action)
+    assert metrics["credit/turn_reward_sessions"] == 3.0
 
 
 @pytest.mark.timeout(180)

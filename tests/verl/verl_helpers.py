@@ -129,6 +129,9 @@ def register_test_env() -> type:
 
         async def start(self, task: Mapping[str, Any]) -> EpisodeStart:
             self.task = task
+            if "turn_rewards" in task:  # per-action rewards, as the service world's turn_rewards=true
+                pending = iter(task["turn_rewards"])
+                self.turn_reward = lambda: float(next(pending, 0.0))
             tools = [
                 {
                     "type": "function",
