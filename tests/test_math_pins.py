@@ -1131,6 +1131,7 @@ NOT_MATH_ROUTE_FLAGS = {
     "--concurrency",
     "--timeout",
     "--max-retries",
+    "--deadline",
     "--max-model-len",
     "--max-prompt-tokens",
     "--trust-env",
