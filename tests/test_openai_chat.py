@@ -265,6 +265,8 @@ def test_one_retry_table_names_every_failure_and_says_what_is_retried() -> None:
     retried = {kind for kind, (again, _) in RETRY_TABLE.items() if again}
     assert retried == {"timeout", "connect", "transport", "http_408", "http_429", "http_5xx", "bad_response"}
     assert not RetryPolicy.retried("http_4xx") and not RetryPolicy.retried("unknown kind")
+    assert RetryPolicy.endpoint_unwell("http_5xx") and not RetryPolicy.endpoint_unwell("http_4xx")
+    assert not RetryPolicy.endpoint_unwell("schema")  # a content failure says nothing about the endpoint
 
 
 def test_the_annotator_and_the_small_clients_share_the_table() -> None:
@@ -274,5 +276,6 @@ def test_the_annotator_and_the_small_clients_share_the_table() -> None:
 
     source = Path(llm_module.__file__).read_text(encoding="utf-8")
     assert "RETRY_TABLE" in source and "status_failure(" in source and "transport_failure(" in source
+    assert "RetryPolicy.endpoint_unwell(" in source
     annotator = llm_module.LLMAnnotator("http://h:1", max_retries=2, backoff_base=1.0, backoff_max=4.0)
     assert annotator.retry == RetryPolicy(2, 1.0, 4.0, annotator.retry.retry_after_max_s, jitter=True)

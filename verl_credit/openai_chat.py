@@ -145,6 +145,12 @@ class RetryPolicy:
         """Whether a failed attempt of this kind is retried (:data:`RETRY_TABLE`; unknown: no)."""
         return RETRY_TABLE.get(kind, (False, False))[0]
 
+    @staticmethod
+    def endpoint_unwell(kind: str) -> bool:
+        """Whether a failed attempt of this kind says its endpoint is unwell (:data:`RETRY_TABLE`;
+        unknown kinds -- the annotator's content failures -- say nothing about the endpoint)."""
+        return RETRY_TABLE.get(kind, (False, False))[1]
+
     def delay(self, attempt: int, retry_after: float | None = None, rng: random.Random | None = None) -> float:
         """Seconds before retry ``attempt`` (1-based): ``Retry-After`` (capped) if given, else the
         capped exponential backoff (jittered with ``rng`` when :attr:`jitter`)."""

@@ -83,7 +83,6 @@ from verl_credit.annotate.base import AnnotationResult, Annotator, annotator_cla
 from verl_credit.annotate.prompt import PROMPT_VERSION, AnnotationPrompt, build_annotation_prompt
 from verl_credit.graph import EDGE_TYPES, SIGNS, GraphValidation, InfluenceGraph, graph_json_schema, validate_graph
 from verl_credit.openai_chat import (
-    RETRY_TABLE,
     RetryPolicy,
     make_async_client,
     parse_retry_after,
@@ -796,7 +795,7 @@ class LLMAnnotator(Annotator):
                     content_failures += 1
                     delay = 0.0
                 else:
-                    if RETRY_TABLE.get(failure.kind, (False, False))[1]:  # the endpoint is unwell
+                    if RetryPolicy.endpoint_unwell(failure.kind):
                         self._mark_failed(endpoint, failure.retry_after)
                     if not failure.retryable or transport_failures >= self.retry.max_retries:
                         raise

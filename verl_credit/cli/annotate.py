@@ -273,12 +273,11 @@ def annotate_stream(
     ``annotator`` on ``loop``; at most ``annotator.concurrency`` trajectories are held (read, not
     yet yielded) plus the one being read, so memory does not grow with the input.
     """
+    # at most ``window`` trajectories are pending, so at most ``window`` annotations run at once
     window = max(1, annotator.concurrency)
-    semaphore = asyncio.Semaphore(window)
 
     async def annotate(trajectory: Trajectory) -> AnnotationResult:
-        async with semaphore:
-            return (await annotator.annotate_batch([trajectory]))[0]
+        return (await annotator.annotate_batch([trajectory]))[0]  # annotate_batch times the result
 
     async def first(*futures: asyncio.Future[Any]) -> None:
         await asyncio.wait(futures, return_when=asyncio.FIRST_COMPLETED)
