@@ -14,6 +14,9 @@ from verl_credit.bench.token_policy import (
     TokenBenchConfig,
     TokenCreditMap,
     behaviour_clone,
+    expert_written_mask,
+    mixed_episodes,
+    refund_accuracy,
     scripted_episodes,
     token_advantages,
     written_nll,
@@ -62,6 +65,21 @@ def test_scripted_agent_in_token_form_matches_run_episode() -> None:
         assert len(b.action_lengths) == len(a.macros) and min(b.action_lengths) >= 2
 
 
+def test_refund_target_is_read_from_the_world() -> None:
+    """A successful delayed episode refunded where the customer asked; a refund to the other
+    method is flagged; exchange tasks have no refund target."""
+    episodes = scripted_episodes("delayed", 48, seed=4)
+    assert {e.refund_wanted for e in episodes} == {"original", "gift_card"}
+    for episode in episodes:
+        if episode.reward > 0:
+            assert episode.refund_to_wanted is True
+    wrong = [e for e in episodes if e.refund_to_wanted is False]
+    assert wrong and all(e.reward == 0 for e in wrong)
+    accuracy = refund_accuracy(episodes)
+    hits = [e.refund_to_wanted for e in episodes if e.refund_wanted == "gift_card" and e.refund_to_wanted is not None]
+    assert accuracy["gift_card"] == pytest.approx(sum(hits) / len(hits))
+
+
 def test_behaviour_cloning_improves_likelihood() -> None:
     config = dataclasses.replace(TokenBenchConfig(), bc_episodes=64, bc_epochs=8, bc_keep_failures=1.0)
     held_out = scripted_episodes("delayed", 8, seed=3)
@@ -82,7 +100,7 @@ def _batch(seed: int = 0) -> tuple[list, torch.Tensor, list[str]]:
     return episodes, scores, uids
 
 
-@pytest.mark.parametrize("arm", ["grpo", "iapo", "call_credit", "gigpo", "oracle"])
+@pytest.mark.parametrize("arm", ["grpo", "iapo", "call_credit", "gigpo", "oracle", "oracle_pos"])
 def test_token_expansion_conserves_action_values(arm: str) -> None:
     from verl_credit.annotate.factory import build_annotator
 
@@ -99,7 +117,7 @@ def test_token_expansion_conserves_action_values(arm: str) -> None:
             values = advantages[row][target_action[row] == a]
             assert values.numel() == episode.action_lengths[a]
             assert torch.allclose(values, credit.action_advantage[row, a].to(values.dtype).expand_as(values))
-    if arm in ("grpo", "iapo", "call_credit", "oracle"):  # multiplicative: token mass = A_tau * L
+    if arm in ("grpo", "iapo", "call_credit", "oracle", "oracle_pos"):  # multiplicative: token mass = A_tau * L
         for row, episode in enumerate(episodes):
             expected = float(credit.trajectory_advantage[row]) * len([x for x in episode.action_of if x >= 0])
             assert float(advantages[row].sum()) == pytest.approx(expected, rel=1e-4, abs=1e-5)
@@ -129,6 +147,41 @@ def test_sampled_episodes_are_consistent() -> None:
         assert len(episode.tokens) == len(episode.action_of)
         assert sum(episode.action_lengths) == sum(1 for a in episode.action_of if a >= 0)
         assert episode.num_actions == len([m for m in episode.messages if m["role"] == "assistant"])
+
+
+def test_mixed_rollouts_clone_only_the_experts_actions() -> None:
+    """DAgger rollouts: the expert writes about ``expert_share`` of the actions (recorded per
+    episode), the policy the rest; the cloning mask covers exactly the expert's written tokens,
+    and a scripted episode's mask covers every written token."""
+    torch.manual_seed(0)
+    policy = TokenPolicy()
+    episodes = mixed_episodes(policy, "delayed", 16, 0.5, seed=1, generator=torch.Generator().manual_seed(1))
+    expert_total = sum(len(e.expert_actions) for e in episodes)
+    actions_total = sum(e.num_actions for e in episodes)
+    assert 0.3 < expert_total / actions_total < 0.7
+    tokens, written, action = pad_batch(episodes)
+    mask = expert_written_mask(episodes, tokens.shape[1] - 1)
+    for row, episode in enumerate(episodes):
+        target_action = action[row, 1:]
+        by_expert = torch.tensor([int(a) in episode.expert_actions for a in target_action.tolist()])
+        assert torch.equal(mask[row].bool(), by_expert & (target_action >= 0))
+    assert 0 < mask.sum() < written[:, 1:].sum()  # the random policy wrote some actions too
+    scripted = scripted_episodes("delayed", 4, seed=2)
+    tokens, written, _ = pad_batch(scripted)
+    assert torch.equal(expert_written_mask(scripted, tokens.shape[1] - 1).bool(), written[:, 1:])
+
+
+def test_dagger_warm_start_is_deterministic_and_all_expert_rollouts_are_scripted() -> None:
+    """The warm-start cache relies on cloning being deterministic; with expert_share 1 a mixed
+    rollout is the scripted agent's own episode (every action the expert's)."""
+    config = dataclasses.replace(
+        TokenBenchConfig(), bc_episodes=32, bc_epochs=1, bc_dagger_rounds=1, bc_dagger_episodes=8, bc_dagger_epochs=1
+    )
+    first, second = behaviour_clone("delayed", config), behaviour_clone("delayed", config)
+    assert all(torch.equal(first[k], second[k]) for k in first)
+    policy = TokenPolicy()
+    for episode in mixed_episodes(policy, "delayed", 4, 1.0, seed=0, generator=torch.Generator()):
+        assert episode.expert_actions == tuple(range(episode.num_actions))
 
 
 def test_quick_end_to_end_final_line(tmp_path, capsys) -> None:

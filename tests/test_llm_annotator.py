@@ -641,5 +641,5 @@ def test_the_deadline_flag_reaches_the_llm_annotator_and_is_refused_for_rules() 
     assert isinstance(llm, LLMAnnotator) and llm.deadline == 7.5
     unset = build_cli_annotator(build_parser().parse_args([*base, "--annotator", "llm", "--timeout", "10"]))
     assert isinstance(unset, LLMAnnotator) and unset.deadline == 10 * (unset.retry.max_retries + 1)
-    with pytest.raises(ValueError, match="--deadline.* apply to the llm and hybrid annotators"):
+    with pytest.raises(ValueError, match=r"--deadline.* apply to the llm and hybrid annotators"):
         build_cli_annotator(build_parser().parse_args([*base, "--deadline", "3"]))

@@ -435,6 +435,7 @@ def plot_curves(results: Sequence[RunResult], config: LearningConfig, path: str 
         "grpo": "#555555",
         "iapo": "#E69F00",
         "call_credit": "#CC79A7",
+        "gigpo": "#0072B2",
         "oracle": "#009E73",
         "oracle_pos": "#56B4E9",
     }

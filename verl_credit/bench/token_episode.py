@@ -47,6 +47,13 @@ class TokenEpisode:
     mistakes: list[bool]
     action_texts: list[tuple[str, ...]]
     tool_calls: list[str]  # canonical "name(arguments)" of every call, in order
+    expert_actions: tuple[int, ...] = ()
+    """Actions the scripted expert wrote in a mixed (DAgger) rollout; empty in RL."""
+    refund_wanted: str | None = None
+    """Where the customer wants the refund ("original" | "gift_card"; None: an exchange task)."""
+    refund_to_wanted: bool | None = None
+    """Whether the episode's last successful refund went there (None: no refund was made): the
+    decisive pointer token of a refund, written many turns after the customer's answer."""
 
     @property
     def num_actions(self) -> int:
@@ -93,6 +100,7 @@ class TokenEpisodeRunner:
         self.mistakes: list[bool] = []
         self.action_texts: list[tuple[str, ...]] = []
         self.tool_calls: list[str] = []
+        self.expert_actions: list[int] = []
         self.turn = 0
         self.written = 0  # tokens of the current action so far
         self.done = False
@@ -101,6 +109,14 @@ class TokenEpisodeRunner:
     def _observe(self, words: Sequence[str]) -> None:
         self.tokens += VOCAB.encode(words)
         self.action_of += [-1] * len(words)
+
+    def write_expert(self, words: Sequence[str]) -> None:
+        """Write a whole action chosen by the scripted expert (ending with ``<eos>``) and step."""
+        self.expert_actions.append(self.turn)
+        for word in words:
+            if self.write(VOCAB.ids[word]):
+                break
+        self.step()
 
     def write(self, token: int) -> bool:
         """Append one written token of the current action; True when the action is complete
@@ -158,6 +174,9 @@ class TokenEpisodeRunner:
         mistakes = list(self.mistakes)
         for action in wrong:
             mistakes[action] = True
+        task = self.world.task
+        refunds = [arguments for _, tool, arguments, _ in self.writes if tool == "refund_order"]
+        wanted_id = task.payment_method_id(task.final_method) if task.final_method is not None else None
         return TokenEpisode(
             task_id=self.world.task.task_id,
             messages=self.messages,
@@ -168,6 +187,9 @@ class TokenEpisodeRunner:
             mistakes=mistakes,
             action_texts=self.action_texts,
             tool_calls=self.tool_calls,
+            expert_actions=tuple(self.expert_actions),
+            refund_wanted=task.final_method,
+            refund_to_wanted=refunds[-1].get("payment_method_id") == wanted_id if refunds else None,
         )
 
 
@@ -176,10 +198,7 @@ def run_token_episode(spec: Mapping[str, Any], choose: Callable[[TokenEpisodeRun
     (ending with ``<eos>``); used for the scripted agent's behaviour-cloning episodes."""
     runner = TokenEpisodeRunner(spec)
     while not runner.done:
-        for word in choose(runner):
-            if runner.write(VOCAB.ids[word]):
-                break
-        runner.step()
+        runner.write_expert(choose(runner))
     return runner.finish()
 
 

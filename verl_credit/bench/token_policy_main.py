@@ -45,6 +45,9 @@ QUICK: dict[str, Any] = {
     "tasks_per_step": 2,
     "bc_episodes": 32,
     "bc_epochs": 1,
+    "bc_dagger_rounds": 1,
+    "bc_dagger_episodes": 8,
+    "bc_dagger_epochs": 1,
     "workers": 1,
     "variants": ("delayed",),
     "arms": ("grpo", "iapo"),
@@ -62,7 +65,7 @@ def behaviour_table(results: Sequence[TokenRunResult], config: TokenBenchConfig,
     """Secondary speed (training success >= ``level``) and tool-call redundancy per arm."""
     header = (
         f"{'variant':<13}{'arm':<12}{f'to-{level:.0%} train':>14}{'IQR':>19}{'p vs grpo':>10}"
-        f"{'redundant calls/ep':>20}{'(1st batch)':>12}{'tokens/ep':>11}"
+        f"{'redundant calls/ep':>20}{'(1st batch)':>12}{'tokens/ep':>11}{'refund right (orig/gift)':>26}"
     )
     rows = [header, "-" * len(header)]
     for variant in config.variants:
@@ -80,14 +83,22 @@ def behaviour_table(results: Sequence[TokenRunResult], config: TokenBenchConfig,
                 f"{f'[{format_rollouts(q25)}, {format_rollouts(q75)}]':>19}{p_text:>10}"
                 f"{np.mean([r.redundancy for r in runs]):>20.3f}{np.mean([r.initial_redundancy for r in runs]):>12.3f}"
                 f"{np.mean([r.tokens_per_episode for r in runs]):>11.0f}"
+                f"{_mean_accuracy(runs, 'original'):>15.3f} / {_mean_accuracy(runs, 'gift_card'):<8.3f}"
             )
     return "\n".join(rows)
+
+
+def _mean_accuracy(runs: Sequence[TokenRunResult], method: str) -> float:
+    values = [r.refund_accuracy.get(method, math.nan) for r in runs]
+    values = [v for v in values if not math.isnan(v)]
+    return float(np.mean(values)) if values else math.nan
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     defaults = TokenBenchConfig()
     parser = argparse.ArgumentParser(prog="bench_token_policy", description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=defaults.seeds)
+    parser.add_argument("--first-seed", type=int, default=defaults.first_seed, help="hyper-parameter runs: 100")
     parser.add_argument("--budget", type=int, default=defaults.budget)
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(defaults.variants))
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(defaults.arms))
@@ -102,6 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(1)
     values: dict[str, Any] = {
         "seeds": args.seeds,
+        "first_seed": args.first_seed,
         "budget": args.budget,
         "variants": tuple(args.variants),
         "arms": tuple(args.arms),

@@ -12,7 +12,7 @@ step, so a batch costs about (longest episode) GRU steps instead of (sum of leng
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -66,8 +66,14 @@ def sample_episodes(
     specs: Sequence[Mapping[str, Any]],
     generator: torch.Generator,
     max_action_tokens: int = 32,
+    expert: Callable[[TokenEpisodeRunner], Sequence[str] | None] | None = None,
 ) -> list[TokenEpisode]:
-    """Play one episode per task spec with ``policy`` sampling every written token (temperature 1)."""
+    """Play one episode per task spec with ``policy`` sampling every written token (temperature 1).
+
+    ``expert`` (mixed rollouts for DAgger-style cloning): asked at the start of every action;
+    when it returns an action's words, those are written instead of sampling (recorded in
+    ``TokenEpisode.expert_actions``), when it returns None the policy writes.
+    """
     runners = [TokenEpisodeRunner(spec, max_action_tokens) for spec in specs]
     hidden = policy.gru.hidden_size
     state = torch.zeros((1, len(runners), hidden))
@@ -81,6 +87,11 @@ def sample_episodes(
             fed[i] += 1
         # an episode writes when its stream is fully fed (last input: <act> or its own token)
         writing = [k for k, i in enumerate(active) if fed[i] == len(runners[i].tokens)]
+        if expert is not None:
+            handed = {
+                k for k in writing if runners[active[k]].written == 0 and _expert_writes(runners[active[k]], expert)
+            }
+            writing = [k for k in writing if k not in handed]
         if writing:
             # inverse-CDF sampling (one uniform per written token; cheaper than torch.multinomial)
             cumulative = torch.softmax(logits[writing, -1].double(), dim=-1).cumsum(-1)
@@ -92,3 +103,11 @@ def sample_episodes(
                     runner.step()
         active = [i for i in active if not runners[i].done]
     return [runner.finish() for runner in runners]
+
+
+def _expert_writes(runner: TokenEpisodeRunner, expert: Callable[[TokenEpisodeRunner], Sequence[str] | None]) -> bool:
+    words = expert(runner)
+    if words is None:
+        return False
+    runner.write_expert(words)
+    return True
