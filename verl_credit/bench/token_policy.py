@@ -8,9 +8,10 @@ the rendered dialogue so far, so one set of parameters writes filler and decisiv
 
 Setup (identical for every arm):
 
-* warm start: behaviour cloning (cross-entropy on written tokens) on the scripted agent's episodes
-  (``agent.PRIOR_WEIGHTS``: 39% success on delayed, 48% on error_repair), one checkpoint per
-  variant shared by every arm and seed;
+* warm start: behaviour cloning (cross-entropy on written tokens) on the scripted agent's
+  successful episodes (``agent.PRIOR_WEIGHTS``: ~46% success on either variant), then DAgger-style
+  rounds on mixed rollouts (:func:`behaviour_clone`): 44% / 56% success, one checkpoint per variant
+  shared by every arm and seed;
 * data: every update samples ``tasks_per_step`` tasks of one variant from a pool of ``task_pool``
   and ``group_size`` rollouts of each (GRPO groups; the task sequence depends only on the seed);
 * loss: verl's ``get_policy_loss_fn("vanilla")`` (clipped ratio, 0.2) with
@@ -22,9 +23,9 @@ The arms differ only in the per-token advantage, which is the per-action advanta
 project's estimators (``routing.compute_batch_credit`` with ``CreditConfig(estimator=arm)``, DESIGN
 defaults, real per-action token counts) copied onto the action's tokens by
 ``routing.route_token_advantages``: ``grpo`` (flat), ``iapo`` (rule-annotator graphs of the
-rendered transcripts), ``call_credit`` (service call graphs), ``gigpo`` (prefix anchor states) and
+rendered transcripts), ``call_credit`` (service call graphs), ``gigpo`` (prefix anchor states),
 ``oracle`` (``learning.oracle_weights`` on the ground-truth causal actions / mistakes, rescaled so
-its token mass equals grpo's).
+its token mass equals grpo's) and ``oracle_pos`` (the oracle on successes only).
 
 Hyper-parameters were chosen on the grpo arm alone before any other arm was run (see
 :class:`TokenBenchConfig`); the world was not changed after seeing results.
