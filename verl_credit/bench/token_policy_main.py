@@ -65,11 +65,12 @@ def behaviour_table(results: Sequence[TokenRunResult], config: TokenBenchConfig,
     """Secondary speed (training success >= ``level``) and tool-call redundancy per arm."""
     header = (
         f"{'variant':<13}{'arm':<12}{f'to-{level:.0%} train':>14}{'IQR':>19}{'p vs grpo':>10}"
-        f"{'redundant calls/ep':>20}{'(1st batch)':>12}{'tokens/ep':>11}{'refund right (orig/gift)':>26}"
+        f"{'redundant calls/ep':>20}{'p':>6}{'(1st batch)':>12}{'tokens/ep':>11}{'refund right (orig/gift)':>26}"
     )
     rows = [header, "-" * len(header)]
     for variant in config.variants:
         grpo = [r.rollouts_to_train_success(level) for r in results if r.variant == variant and r.arm == "grpo"]
+        grpo_redundancy = [r.redundancy for r in results if r.variant == variant and r.arm == "grpo"]
         for arm in config.arms:
             runs = [r for r in results if r.variant == variant and r.arm == arm]
             if not runs:
@@ -78,10 +79,13 @@ def behaviour_table(results: Sequence[TokenRunResult], config: TokenBenchConfig,
             q25, median, q75 = quantiles(speeds)
             p_value = mann_whitney_p(speeds, grpo) if arm != "grpo" else math.nan
             p_text = "-" if math.isnan(p_value) else f"{p_value:.2f}"
+            p_redundancy = mann_whitney_p([r.redundancy for r in runs], grpo_redundancy) if arm != "grpo" else math.nan
+            p_redundancy_text = "-" if math.isnan(p_redundancy) else f"{p_redundancy:.2f}"
             rows.append(
                 f"{variant:<13}{arm:<12}{format_rollouts(median):>14}"
                 f"{f'[{format_rollouts(q25)}, {format_rollouts(q75)}]':>19}{p_text:>10}"
-                f"{np.mean([r.redundancy for r in runs]):>20.3f}{np.mean([r.initial_redundancy for r in runs]):>12.3f}"
+                f"{np.mean([r.redundancy for r in runs]):>20.3f}{p_redundancy_text:>6}"
+                f"{np.mean([r.initial_redundancy for r in runs]):>12.3f}"
                 f"{np.mean([r.tokens_per_episode for r in runs]):>11.0f}"
                 f"{_mean_accuracy(runs, 'original'):>15.3f} / {_mean_accuracy(runs, 'gift_card'):<8.3f}"
             )
