@@ -178,7 +178,7 @@ class TokenEpisodeRunner:
         refunds = [arguments for _, tool, arguments, _ in self.writes if tool == "refund_order"]
         wanted_id = task.payment_method_id(task.final_method) if task.final_method is not None else None
         return TokenEpisode(
-            task_id=self.world.task.task_id,
+            task_id=task.task_id,
             messages=self.messages,
             reward=reward,
             tokens=self.tokens,

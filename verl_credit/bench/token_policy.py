@@ -290,12 +290,9 @@ def written_nll(policy: TokenPolicy, episodes: Sequence[TokenEpisode]) -> float:
 def expert_written_mask(episodes: Sequence[TokenEpisode], response_length: int) -> torch.Tensor:
     """``(B, response_length)``: 1 on target positions that write a token of an expert action
     (every written token of a scripted episode; the expert's actions of a mixed rollout)."""
-    mask = torch.zeros((len(episodes), response_length))
-    for row, episode in enumerate(episodes):
-        action_of = np.asarray(episode.action_of[1:])
-        flags = np.isin(action_of, np.asarray(episode.expert_actions, dtype=np.int64)) & (action_of >= 0)
-        mask[row, : len(flags)] = torch.from_numpy(flags.astype(np.float32))
-    return mask
+    return _action_token_mask(
+        episodes, response_length, lambda e: [a in e.expert_actions for a in range(e.num_actions)]
+    )
 
 
 def _clone_epochs(
@@ -464,12 +461,20 @@ def refund_accuracy(episodes: Sequence[TokenEpisode]) -> dict[str, float]:
 
 def _causal_token_mask(episodes: Sequence[TokenEpisode], response_length: int) -> torch.Tensor:
     """``(B, response_length)``: 1 on target positions that write a token of a causal action."""
+    return _action_token_mask(episodes, response_length, lambda e: e.causal)
+
+
+def _action_token_mask(
+    episodes: Sequence[TokenEpisode], response_length: int, selected: Callable[[TokenEpisode], Sequence[bool]]
+) -> torch.Tensor:
+    """``(B, response_length)``: 1 on target positions that write a token of an action whose flag in
+    ``selected(episode)`` (``(T,)``) is set; target ``t`` predicts stream token ``t + 1``."""
     mask = torch.zeros((len(episodes), response_length))
     for row, episode in enumerate(episodes):
         action_of = np.asarray(episode.action_of[1:])
-        causal = np.asarray([*episode.causal, False], dtype=bool)  # index -1 -> False
-        flags = causal[np.where(action_of >= 0, action_of, len(causal) - 1)] & (action_of >= 0)
-        mask[row, : len(flags)] = torch.from_numpy(flags.astype(np.float32))
+        flags = np.asarray([*selected(episode), False], dtype=bool)  # index -1 (observation) -> False
+        chosen = flags[np.where(action_of >= 0, action_of, len(flags) - 1)] & (action_of >= 0)
+        mask[row, : len(chosen)] = torch.from_numpy(chosen.astype(np.float32))
     return mask
 
 

@@ -87,11 +87,16 @@ def sample_episodes(
             fed[i] += 1
         # an episode writes when its stream is fully fed (last input: <act> or its own token)
         writing = [k for k, i in enumerate(active) if fed[i] == len(runners[i].tokens)]
-        if expert is not None:
-            handed = {
-                k for k in writing if runners[active[k]].written == 0 and _expert_writes(runners[active[k]], expert)
-            }
-            writing = [k for k in writing if k not in handed]
+        if expert is not None:  # at an action's first token the expert may write the whole action
+            sampled = []
+            for k in writing:
+                runner = runners[active[k]]
+                words = expert(runner) if runner.written == 0 else None
+                if words is None:
+                    sampled.append(k)
+                else:
+                    runner.write_expert(words)
+            writing = sampled
         if writing:
             # inverse-CDF sampling (one uniform per written token; cheaper than torch.multinomial)
             cumulative = torch.softmax(logits[writing, -1].double(), dim=-1).cumsum(-1)
@@ -103,11 +108,3 @@ def sample_episodes(
                     runner.step()
         active = [i for i in active if not runners[i].done]
     return [runner.finish() for runner in runners]
-
-
-def _expert_writes(runner: TokenEpisodeRunner, expert: Callable[[TokenEpisodeRunner], Sequence[str] | None]) -> bool:
-    words = expert(runner)
-    if words is None:
-        return False
-    runner.write_expert(words)
-    return True
