@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 
 import numpy as np
@@ -16,13 +17,15 @@ from verl_credit.bench.token_policy import (
     behaviour_clone,
     expert_written_mask,
     mixed_episodes,
+    new_policy,
     refund_accuracy,
     scripted_episodes,
     token_advantages,
+    warm_start_key,
     written_nll,
 )
-from verl_credit.bench.token_policy_model import TokenPolicy, pad_batch, sample_episodes
-from verl_credit.bench.token_vocab import EOS, VOCAB, macro_tokens, render_action
+from verl_credit.bench.token_policy_model import GRUTokenPolicy, TransformerTokenPolicy, pad_batch, sample_episodes
+from verl_credit.bench.token_vocab import EOS, STRUCTURAL, VOCAB, macro_tokens, render_action
 from verl_credit.envs.service.agent import MACROS, DialogueState, LinearSoftmaxPolicy, render_macro, run_episode
 from verl_credit.envs.service.env import ServiceEpisode
 
@@ -84,8 +87,8 @@ def test_behaviour_cloning_improves_likelihood() -> None:
     config = dataclasses.replace(TokenBenchConfig(), bc_episodes=64, bc_epochs=8, bc_keep_failures=1.0)
     held_out = scripted_episodes("delayed", 8, seed=3)
     torch.manual_seed(0)
-    before = written_nll(TokenPolicy(config.hidden, config.embedding), held_out)
-    policy = TokenPolicy(config.hidden, config.embedding)
+    before = written_nll(GRUTokenPolicy(config.hidden, config.embedding), held_out)
+    policy = GRUTokenPolicy(config.hidden, config.embedding)
     policy.load_state_dict(behaviour_clone("delayed", config))
     after = written_nll(policy, held_out)
     assert after < 0.6 * before
@@ -141,7 +144,7 @@ def test_arms_differ_only_in_advantages() -> None:
 
 def test_sampled_episodes_are_consistent() -> None:
     torch.manual_seed(0)
-    policy = TokenPolicy()
+    policy = GRUTokenPolicy()
     episodes = sample_episodes(policy, [{"variant": "delayed", "seed": s} for s in range(3)], torch.Generator())
     for episode in episodes:
         assert len(episode.tokens) == len(episode.action_of)
@@ -154,7 +157,7 @@ def test_mixed_rollouts_clone_only_the_experts_actions() -> None:
     episode), the policy the rest; the cloning mask covers exactly the expert's written tokens,
     and a scripted episode's mask covers every written token."""
     torch.manual_seed(0)
-    policy = TokenPolicy()
+    policy = GRUTokenPolicy()
     episodes = mixed_episodes(policy, "delayed", 16, 0.5, seed=1, generator=torch.Generator().manual_seed(1))
     expert_total = sum(len(e.expert_actions) for e in episodes)
     actions_total = sum(e.num_actions for e in episodes)
@@ -179,22 +182,80 @@ def test_dagger_warm_start_is_deterministic_and_all_expert_rollouts_are_scripted
     )
     first, second = behaviour_clone("delayed", config), behaviour_clone("delayed", config)
     assert all(torch.equal(first[k], second[k]) for k in first)
-    policy = TokenPolicy()
+    policy = GRUTokenPolicy()
     for episode in mixed_episodes(policy, "delayed", 4, 1.0, seed=0, generator=torch.Generator()):
         assert episode.expert_actions == tuple(range(episode.num_actions))
 
 
-def test_quick_end_to_end_final_line(tmp_path, capsys) -> None:
+@pytest.mark.parametrize("model", ["gru", "transformer"])
+def test_quick_end_to_end_final_line(model: str, tmp_path, capsys) -> None:
     from verl_credit.bench.token_policy_main import main
 
     code = main(
-        ["--quick", "--diagnostic-batches", "1", "--out", str(tmp_path), "--plot", str(tmp_path / "curves.png")]
+        [
+            *("--quick", "--model", model, "--diagnostic-batches", "1"),
+            *("--out", str(tmp_path), "--plot", str(tmp_path / "curves.png")),
+        ]
     )
     assert code == 0
     lines = capsys.readouterr().out.strip().splitlines()
+    assert f"warm start ({model}, delayed)" in lines[0]
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["summary"]["config"]["model"] == model
     assert re.fullmatch(
         r"token policy: iapo/grpo rollouts-to-90% ratio \(delayed-use\): (\d+\.\d\d|inf|nan) \(p = (\d\.\d\d|nan)\)",
         lines[-1],
     )
     assert (tmp_path / "curves.png").stat().st_size > 0
     assert (tmp_path / "results.json").exists()
+
+
+def test_transformer_decoding_matches_teacher_forcing() -> None:
+    """Incremental decoding with the key/value cache (grown past its first capacity, a subset of
+    streams still running) gives the logits of the full causal forward pass."""
+    torch.manual_seed(0)
+    policy = TransformerTokenPolicy(32, 2, 4).eval()
+    tokens = torch.randint(len(STRUCTURAL), len(VOCAB), (3, 300))
+    with torch.no_grad():
+        full = policy(tokens)
+        state = policy.init_state(3)
+        for t in range(300):
+            rows = [0, 1, 2] if t < 120 else [0, 2]  # stream 1 ends at 120: fed <pad> from then on
+            logits = policy.step(tokens[rows, t], rows, state)
+            assert torch.allclose(logits, full[rows, t], atol=1e-4), t
+    assert state.keys[0].shape[2] >= 300
+
+
+def test_both_models_are_causal_and_the_transformer_sees_far_back() -> None:
+    """Changing a late token leaves earlier positions alone in both models (causality); changing
+    token 5 still moves the transformer's logits at position 199 (attention reaches back; an
+    untrained GRU's state has forgotten it to float precision by then, so it is not asserted)."""
+    torch.manual_seed(0)
+    for policy in (GRUTokenPolicy(), TransformerTokenPolicy(32, 2, 4)):
+        tokens = torch.randint(len(STRUCTURAL), len(VOCAB), (1, 200))
+        other = (tokens[0, 5] + 1 - len(STRUCTURAL)) % (len(VOCAB) - len(STRUCTURAL)) + len(STRUCTURAL)
+        early, late = tokens.clone(), tokens.clone()
+        early[0, 5] = other
+        late[0, 150] = other
+        with torch.no_grad():
+            base, early_edit, late_edit = policy(tokens), policy(early), policy(late)
+        assert torch.equal(base[0, :150], late_edit[0, :150])
+        assert not torch.equal(base[0, 150:], late_edit[0, 150:])
+        if isinstance(policy, TransformerTokenPolicy):
+            assert float((base[0, 199] - early_edit[0, 199]).abs().max()) > 1e-4
+
+
+def test_transformer_policy_samples_consistent_episodes_and_is_built_by_config() -> None:
+    config = TokenBenchConfig(model="transformer", hidden=32)
+    torch.manual_seed(0)
+    policy = new_policy(config)
+    assert isinstance(policy, TransformerTokenPolicy)
+    episodes = sample_episodes(policy, [{"variant": "delayed", "seed": s} for s in range(3)], torch.Generator())
+    for episode in episodes:
+        assert len(episode.tokens) == len(episode.action_of)
+        assert episode.num_actions == len([m for m in episode.messages if m["role"] == "assistant"])
+    assert warm_start_key(config) != warm_start_key(TokenBenchConfig())
+    with pytest.raises(ValueError, match="unknown model 'lstm'"):
+        TokenBenchConfig(model="lstm")
+    with pytest.raises(ValueError, match="multiple of heads"):
+        TransformerTokenPolicy(30, 2, 4)

@@ -26,10 +26,11 @@ from verl_credit.bench.token_policy import (
     TokenBenchConfig,
     TokenCreditMap,
     _causal_token_mask,
+    new_policy,
     policy_loss,
     token_advantages,
 )
-from verl_credit.bench.token_policy_model import TokenPolicy, pad_batch, sample_episodes, sequence_log_probs
+from verl_credit.bench.token_policy_model import pad_batch, sample_episodes, sequence_log_probs
 
 __all__ = ["GradientDiagnostics", "format_diagnostics", "gradient_diagnostics"]
 
@@ -42,7 +43,7 @@ class GradientDiagnostics:
     arms: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
-def _flat_grad(policy: TokenPolicy, loss: torch.Tensor) -> torch.Tensor:
+def _flat_grad(policy: torch.nn.Module, loss: torch.Tensor) -> torch.Tensor:
     policy.zero_grad()
     loss.backward()
     return torch.cat([p.grad.flatten().clone() for p in policy.parameters() if p.grad is not None])
@@ -59,7 +60,7 @@ def gradient_diagnostics(
 ) -> GradientDiagnostics:
     """See the module doc. ``arms`` must include ``grpo`` (the reference direction)."""
     torch.set_num_threads(1)
-    policy = TokenPolicy(config.hidden, config.embedding)
+    policy = new_policy(config)
     policy.load_state_dict(start)
     generator = torch.Generator().manual_seed(seed)
     rng = np.random.default_rng(seed)

@@ -1,10 +1,12 @@
 """Token-level learning benchmark: does routed credit help when every token shares parameters?
 
 The macro-action benchmark (``bench/learning.py``) found no significant speed-up of iapo over
-grpo with a linear softmax over 12 macro actions (one token each). Here the policy is a tiny GRU
-language model (``token_policy_model.py``) that writes every action of the service world as
-text -- tool name, argument pointers and replies as tokens (``token_vocab.py``) -- conditioned on
-the rendered dialogue so far, so one set of parameters writes filler and decisive tokens alike.
+grpo with a linear softmax over 12 macro actions (one token each). Here the policy is a tiny
+language model (``token_policy_model.py``: a GRU, or with ``model="transformer"`` a causal
+transformer that can attend back to what the customer said) that writes every action of the
+service world as text -- tool name, argument pointers and replies as tokens (``token_vocab.py``)
+-- conditioned on the rendered dialogue so far, so one set of parameters writes filler and
+decisive tokens alike.
 
 Setup (identical for every arm):
 
@@ -49,7 +51,13 @@ from verl_credit.annotate.factory import build_annotator
 from verl_credit.bench.learning import CreditMap, RunResult, oracle_weights
 from verl_credit.bench.parallel import map_jobs
 from verl_credit.bench.token_episode import TokenEpisode, redundant_calls, run_token_episode, scripted_chooser
-from verl_credit.bench.token_policy_model import TokenPolicy, pad_batch, sample_episodes, sequence_log_probs
+from verl_credit.bench.token_policy_model import (
+    POLICY_MODELS,
+    build_token_policy,
+    pad_batch,
+    sample_episodes,
+    sequence_log_probs,
+)
 from verl_credit.config import CreditConfig
 from verl_credit.credit.grpo import compute_grpo_trajectory_advantage
 from verl_credit.credit.tokens import pad_spans
@@ -60,11 +68,13 @@ from verl_credit.trajectory import Trajectory
 
 __all__ = [
     "ARMS",
+    "MODEL_PRESETS",
     "VARIANTS",
     "TokenBenchConfig",
     "TokenCreditMap",
     "TokenRunResult",
     "behaviour_clone",
+    "new_policy",
     "refund_accuracy",
     "run_token_benchmark",
     "token_advantages",
@@ -111,8 +121,15 @@ class TokenBenchConfig:
     """Optimizer steps per pass, each on whole GRPO groups (verl's ppo_mini_batch_size = batch / 2);
     from the second one on, verl's ratio clip acts."""
     clip_ratio: float = 0.2
+    model: str = "gru"
+    """The policy network (``token_policy_model.POLICY_MODELS``): ``gru`` or ``transformer``."""
     hidden: int = 128
+    """GRU hidden size / transformer width."""
     embedding: int = 32
+    """GRU only (the transformer's embedding is its width)."""
+    layers: int = 2
+    heads: int = 2
+    """Transformer only."""
     bc_episodes: int = 1024
     bc_epochs: int = 32
     bc_learning_rate: float = 1e-2
@@ -126,6 +143,8 @@ class TokenBenchConfig:
     workers: int = 2
 
     def __post_init__(self) -> None:
+        if self.model not in POLICY_MODELS:
+            raise ValueError(f"unknown model {self.model!r}; models: {POLICY_MODELS}")
         for arm in self.arms:
             if arm not in ARMS:
                 raise ValueError(f"unknown arm {arm!r}; arms: {ARMS}")
@@ -140,6 +159,34 @@ class TokenBenchConfig:
     @property
     def batch_size(self) -> int:
         return self.group_size * self.tasks_per_step
+
+
+MODEL_PRESETS: dict[str, dict[str, Any]] = {
+    "gru": {},  # TokenBenchConfig's defaults
+    "transformer": {
+        "hidden": 64,
+        "bc_keep_failures": 0.25,
+        "bc_dagger_rounds": 0,
+        "learning_rate": 1e-3,
+        "budget": 1024,
+        "seeds": 10,
+    },
+}
+"""Per-model settings over :class:`TokenBenchConfig`'s defaults (the command line's ``--model``).
+
+The transformer's (width 64, 2 layers, 2 heads, 118k parameters) were chosen on the grpo arm alone,
+before any other arm ran with it. Warm start (plain cloning, 32 epochs; success on 128 rollouts,
+delayed / error_repair; the sweep ran with 4 heads): keeping no failed episodes 77% / 74% (too good;
+6 DAgger rounds: 77% / 84%), all of them 30% / 47%, half 38% / 48%, a quarter 56% / 49% (used; 52% /
+55% with the 2 heads kept for speed). RL on seeds 100-103:
+lr 1e-3 over 3e-3 (budget 2048 / 1536: delayed reached 90% in 4/4 seeds at 128-256 rollouts vs
+4/4 at 128-544; error_repair 2/4 (704, 1024; final 0.52-0.92) vs 0/4 (final 0.00-0.63, one
+collapse)); budget 1024 and 10 seeds so that the whole run fits in an hour on 2 cores."""
+
+
+def new_policy(config: TokenBenchConfig) -> torch.nn.Module:
+    """A freshly initialised policy network of ``config.model``."""
+    return build_token_policy(config.model, config.hidden, config.embedding, config.layers, config.heads)
 
 
 @dataclass
@@ -240,7 +287,7 @@ class _LossConfig:
 
 
 def policy_loss(
-    policy: TokenPolicy,
+    policy: torch.nn.Module,
     tokens: torch.Tensor,
     old_log_prob: torch.Tensor,
     advantages: torch.Tensor,
@@ -278,7 +325,7 @@ def scripted_episodes(variant: str, count: int, seed: int = 0) -> list[TokenEpis
     ]
 
 
-def written_nll(policy: TokenPolicy, episodes: Sequence[TokenEpisode]) -> float:
+def written_nll(policy: torch.nn.Module, episodes: Sequence[TokenEpisode]) -> float:
     """Mean negative log-likelihood per written token of ``episodes`` under ``policy``."""
     tokens, written, _ = pad_batch(episodes)
     with torch.no_grad():
@@ -296,7 +343,7 @@ def expert_written_mask(episodes: Sequence[TokenEpisode], response_length: int) 
 
 
 def _clone_epochs(
-    policy: TokenPolicy, data: Sequence[TokenEpisode], epochs: int, learning_rate: float, generator: torch.Generator
+    policy: torch.nn.Module, data: Sequence[TokenEpisode], epochs: int, learning_rate: float, generator: torch.Generator
 ) -> None:
     """Cross-entropy on the expert-written tokens of ``data``, Adam with a cosine decay to ~0 (a
     constant step size plateaus ~0.03 nats/token above the scripted agent's own entropy, and those
@@ -318,7 +365,7 @@ def _clone_epochs(
 
 
 def mixed_episodes(
-    policy: TokenPolicy, variant: str, count: int, expert_share: float, seed: int, generator: torch.Generator
+    policy: torch.nn.Module, variant: str, count: int, expert_share: float, seed: int, generator: torch.Generator
 ) -> list[TokenEpisode]:
     """``count`` rollouts where each action is the scripted expert's with probability
     ``expert_share`` and the policy's otherwise (tasks outside every RL pool)."""
@@ -345,7 +392,7 @@ def behaviour_clone(variant: str, config: TokenBenchConfig, seed: int = 0) -> di
        in them (the policy's own actions are context, not targets) on everything gathered so far.
     """
     generator = _seed_everything([seed, 11])
-    policy = TokenPolicy(config.hidden, config.embedding)
+    policy = new_policy(config)
     data = scripted_episodes(variant, config.bc_episodes, seed)
     keep = np.random.default_rng([seed, 6]).random(len(data)) < config.bc_keep_failures
     data = [e for e, k in zip(data, keep, strict=True) if e.reward > 0 or k]
@@ -360,7 +407,7 @@ def behaviour_clone(variant: str, config: TokenBenchConfig, seed: int = 0) -> di
 
 
 def evaluate(
-    policy: TokenPolicy, variant: str, pool: Sequence[int], episodes: int, generator: torch.Generator
+    policy: torch.nn.Module, variant: str, pool: Sequence[int], episodes: int, generator: torch.Generator
 ) -> list[TokenEpisode]:
     """``episodes`` sampled rollouts cycling through the task seeds of ``pool``."""
     specs = [{"variant": variant, "seed": int(pool[k % len(pool)])} for k in range(episodes)]
@@ -375,7 +422,7 @@ def train_token_run(
     generator = _seed_everything([seed, 2])
     task_rng = np.random.default_rng([seed, 1])  # same task sequence in every arm
     pool = (seed * 100_003 + np.arange(config.task_pool)).tolist()
-    policy = TokenPolicy(config.hidden, config.embedding)
+    policy = new_policy(config)
     policy.load_state_dict(start)
     optimizer = torch.optim.Adam(policy.parameters(), lr=config.learning_rate)
     credit_map = TokenCreditMap(arm, build_annotator("rules") if arm == "iapo" else None)
@@ -491,6 +538,9 @@ def _clone_job(job: tuple[str, TokenBenchConfig]) -> tuple[str, dict[str, torch.
 def warm_start_key(config: TokenBenchConfig) -> str:
     """A digest of the settings a warm start depends on (its cache file name)."""
     fields = (
+        config.model,
+        config.layers,
+        config.heads,
         config.hidden,
         config.embedding,
         config.bc_episodes,

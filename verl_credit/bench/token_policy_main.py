@@ -25,14 +25,16 @@ from verl_credit.bench.learning import format_table, plot_curves, summarize_runs
 from verl_credit.bench.stats import format_rollouts, mann_whitney_p, quantiles
 from verl_credit.bench.token_policy import (
     ARMS,
+    MODEL_PRESETS,
     VARIANTS,
     TokenBenchConfig,
     TokenRunResult,
     evaluate,
+    new_policy,
     run_token_benchmark,
     warm_starts,
 )
-from verl_credit.bench.token_policy_model import TokenPolicy
+from verl_credit.bench.token_policy_model import POLICY_MODELS
 
 __all__ = ["final_line", "main"]
 
@@ -101,29 +103,40 @@ def _mean_accuracy(runs: Sequence[TokenRunResult], method: str) -> float:
 def main(argv: Sequence[str] | None = None) -> int:
     defaults = TokenBenchConfig()
     parser = argparse.ArgumentParser(prog="bench_token_policy", description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=defaults.seeds)
+    parser.add_argument(
+        "--model",
+        choices=POLICY_MODELS,
+        default=defaults.model,
+        help="policy network; each has its own hyper-parameters, chosen on grpo (MODEL_PRESETS)",
+    )
+    parser.add_argument("--seeds", type=int, help="default: the model's preset")
     parser.add_argument("--first-seed", type=int, default=defaults.first_seed, help="hyper-parameter runs: 100")
-    parser.add_argument("--budget", type=int, default=defaults.budget)
+    parser.add_argument("--budget", type=int, help="training rollouts per run; default: the model's preset")
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(defaults.variants))
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(defaults.arms))
-    parser.add_argument("--lr", type=float, default=defaults.learning_rate, help="same for every arm")
+    parser.add_argument("--lr", type=float, help="same for every arm; default: the model's preset")
     parser.add_argument("--workers", type=int, default=defaults.workers)
     parser.add_argument("--diagnostic-batches", type=int, default=8, help="0 skips the gradient diagnostics")
-    parser.add_argument("--out", default="bench_results/token_policy", help="directory for results.json")
-    parser.add_argument("--plot", default="docs/bench/token_policy_curves.png")
+    parser.add_argument("--out", help="directory for results.json and the warm-start cache (default: per model)")
+    parser.add_argument("--plot", help="curves PNG (default: per model, under docs/bench/)")
     parser.add_argument("--quick", action="store_true", help="tiny smoke configuration for tests")
     parser.add_argument("--no-cache", action="store_true", help="recompute the warm starts even if --out has them")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     values: dict[str, Any] = {
-        "seeds": args.seeds,
+        **MODEL_PRESETS[args.model],
+        "model": args.model,
         "first_seed": args.first_seed,
-        "budget": args.budget,
         "variants": tuple(args.variants),
         "arms": tuple(args.arms),
-        "learning_rate": args.lr,
         "workers": args.workers,
     }
+    for key, value in (("seeds", args.seeds), ("budget", args.budget), ("learning_rate", args.lr)):
+        if value is not None:
+            values[key] = value
+    suffix = "" if args.model == "gru" else f"_{args.model}"
+    args.out = args.out or f"bench_results/token_policy{suffix}"
+    args.plot = args.plot or f"docs/bench/token_policy{suffix}_curves.png"
     if args.quick:
         values.update(QUICK)
     try:
@@ -134,11 +147,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     starts = warm_starts(config, None if args.no_cache else args.out)
     for variant, start in starts.items():
-        policy = TokenPolicy(config.hidden, config.embedding)
+        policy = new_policy(config)
         policy.load_state_dict(start)
         count = 8 if args.quick else 128
         episodes = evaluate(policy, variant, list(range(64)), count, torch.Generator().manual_seed(0))
-        print(f"warm start ({variant}): success {np.mean([e.reward for e in episodes]):.3f} on {count} rollouts")
+        success = np.mean([e.reward for e in episodes])
+        print(f"warm start ({config.model}, {variant}): success {success:.3f} on {count} rollouts")
     total = len(config.variants) * len(config.arms) * config.seeds
     done = 0
 
