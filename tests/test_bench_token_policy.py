@@ -259,3 +259,5 @@ def test_transformer_policy_samples_consistent_episodes_and_is_built_by_config()
         TokenBenchConfig(model="lstm")
     with pytest.raises(ValueError, match="multiple of heads"):
         TransformerTokenPolicy(30, 2, 4)
+    with pytest.raises(ValueError, match="width 30 must be a multiple of heads 4"):
+        TokenBenchConfig(model="transformer", hidden=30, heads=4)

@@ -54,6 +54,7 @@ from verl_credit.bench.token_episode import TokenEpisode, redundant_calls, run_t
 from verl_credit.bench.token_policy_model import (
     POLICY_MODELS,
     build_token_policy,
+    check_transformer_shape,
     pad_batch,
     sample_episodes,
     sequence_log_probs,
@@ -145,6 +146,8 @@ class TokenBenchConfig:
     def __post_init__(self) -> None:
         if self.model not in POLICY_MODELS:
             raise ValueError(f"unknown model {self.model!r}; models: {POLICY_MODELS}")
+        if self.model == "transformer":
+            check_transformer_shape(self.hidden, self.layers, self.heads)  # before any worker builds one
         for arm in self.arms:
             if arm not in ARMS:
                 raise ValueError(f"unknown arm {arm!r}; arms: {ARMS}")

@@ -36,6 +36,7 @@ __all__ = [
     "GRUTokenPolicy",
     "TransformerTokenPolicy",
     "build_token_policy",
+    "check_transformer_shape",
     "pad_batch",
     "sample_episodes",
     "sequence_log_probs",
@@ -144,13 +145,21 @@ class _Cache:
         self.values = [torch.cat([v, torch.zeros_like(v)], dim=2) for v in self.values]
 
 
+def check_transformer_shape(width: int, layers: int, heads: int) -> None:
+    """Raise ``ValueError`` unless ``width`` splits into ``heads`` heads of an even width and ``layers >= 1``."""
+    if layers < 1 or heads < 1 or width % heads or (width // heads) % 2:
+        raise ValueError(
+            f"transformer width {width} must be a multiple of heads {heads} with an even head width,"
+            f" and layers {layers} >= 1"
+        )
+
+
 class TransformerTokenPolicy(nn.Module):
     """Embedding + sinusoidal positions -> ``layers`` pre-norm causal transformer blocks -> linear head."""
 
     def __init__(self, width: int = 64, layers: int = 2, heads: int = 2):
         super().__init__()
-        if width % heads or (width // heads) % 2:
-            raise ValueError(f"width {width} must be a multiple of heads {heads} with an even head width")
+        check_transformer_shape(width, layers, heads)
         self.width, self.heads = width, heads
         self.embed = nn.Embedding(len(VOCAB), width)
         self.blocks = nn.ModuleList(_Block(width, heads) for _ in range(layers))
@@ -183,7 +192,7 @@ class TransformerTokenPolicy(nn.Module):
         for block, keys, values in zip(self.blocks, state.keys, state.values, strict=True):
             x = block.step(x, keys, values, state.position)
         state.position += 1
-        return (self.head(self.norm(x[:, -1])) + self.output_mask)[rows]
+        return self.head(self.norm(x[rows, -1])) + self.output_mask
 
 
 def build_token_policy(model: str, hidden: int, embedding: int, layers: int = 2, heads: int = 2) -> nn.Module:
