@@ -17,8 +17,8 @@
 #    (verl_credit/verl/cpu/check.py) and prints, last:
 #    cpu training: grpo N steps, iapo N steps, call_credit N steps, gigpo 1 steps, resumed at step K, credit matches core: yes|no, max |adv - core| X
 #
-# Knobs: SMOKE_DIR [<repo>/.cpu-train/smoke]  STEPS [2]  TASKS [4]  VARIANT [refund]  ROLLOUT_N [8]  MAX_TURNS [12]
-#        MAX_PROMPT_LENGTH [256]  MAX_RESPONSE_LENGTH [768]
+# Knobs: SMOKE_DIR [<repo>/.cpu-train/smoke]  STEPS [2]  TASKS [4]  VARIANT [refund]  BATCH [TASKS: every task
+#        every step]  ROLLOUT_N [8]  LR [3e-4]  MAX_TURNS [12]  MAX_PROMPT_LENGTH [256]  MAX_RESPONSE_LENGTH [768]
 #        TIMEOUT_S per training run [900]; everything train.sh reads (LR, MAX_TURNS, ...).
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -26,7 +26,11 @@ SMOKE_DIR=${SMOKE_DIR:-$REPO/.cpu-train/smoke}
 STEPS=${STEPS:-2}
 TASKS=${TASKS:-4}
 VARIANT=${VARIANT:-refund}
-export ROLLOUT_N=${ROLLOUT_N:-8} TIMEOUT_S=${TIMEOUT_S:-900} MAX_TURNS=${MAX_TURNS:-12}
+# Every checked step must have non-zero advantages: at lr 3e-4 the warm-started policy keeps its groups
+# mixed (at 1e-3 its success fell to 0 within a few steps), and 4 groups of 8 a step make a step whose
+# groups are all uniform rare.
+export BATCH=${BATCH:-$TASKS} ROLLOUT_N=${ROLLOUT_N:-8} LR=${LR:-3e-4}
+export TIMEOUT_S=${TIMEOUT_S:-900} MAX_TURNS=${MAX_TURNS:-12}
 export MAX_PROMPT_LENGTH=${MAX_PROMPT_LENGTH:-256} MAX_RESPONSE_LENGTH=${MAX_RESPONSE_LENGTH:-768}
 started=$SECONDS
 

@@ -19,7 +19,10 @@ ROLLOUT_N=${ROLLOUT_N:-4}
 MAX_TURNS=${MAX_TURNS:-8}
 MAX_PROMPT_LENGTH=${MAX_PROMPT_LENGTH:-1024}
 MAX_RESPONSE_LENGTH=${MAX_RESPONSE_LENGTH:-1024}
-LR=${LR:-1e-3}
+# verl truncates longer tool results; its default (256 characters) cut the service world's user record
+# in the middle, hiding the gift card the customer asks for
+MAX_TOOL_RESPONSE_CHARS=${MAX_TOOL_RESPONSE_CHARS:-8192}
+LR=${LR:-3e-4}
 mkdir -p "$RUN_DIR"
 RUN_DIR=$(cd "$RUN_DIR" && pwd)
 # One temp folder for the run, short (Ray's socket paths must stay under 107 bytes): Ray's session,
@@ -70,6 +73,7 @@ ARGS=(
     actor_rollout_ref.rollout.multi_turn.max_assistant_turns="$MAX_TURNS"
     actor_rollout_ref.rollout.multi_turn.max_user_turns="$MAX_TURNS"
     actor_rollout_ref.rollout.multi_turn.max_parallel_calls=16
+    actor_rollout_ref.rollout.multi_turn.max_tool_response_length="$MAX_TOOL_RESPONSE_CHARS"
     actor_rollout_ref.rollout.val_kwargs.n=1
     transfer_queue.backend.SimpleStorage.num_data_storage_units=1
     reward.num_workers=1

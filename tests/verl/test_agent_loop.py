@@ -495,3 +495,33 @@ def test_tool_turn_is_one_environment_step_and_the_env_can_end_it(chatml_tokeniz
     credit = outputs[0].extra_fields["credit"]
     assert steps == [("begin", 0), ("end", 2)]
     assert credit["stop_reason"] == "env_done" and credit["num_actions"] == 1 and len(server.calls) == 1
+
+
+#: one call verl's hermes parser decodes and two it drops (bad JSON; no "arguments")
+MALFORMED_PLAN = (
+    TOOL_PLAN
+    + '\n<tool_call>\n{"name": "get_order", "arguments": {"order_id": }\n</tool_call>'
+    + '\n<tool_call>\n{"name": "get_order"}\n</tool_call>'
+)
+
+
+@pytest.mark.timeout(120)
+def test_malformed_tool_calls_are_counted_per_session(chatml_tokenizer, tiny_model, orders_env_cls):
+    """verl's parser drops a tool call it cannot decode and only logs it; the loop counts them per
+    session (the payload's malformed_tool_calls, summed by the trainer into a metric), and only the
+    session that wrote them: two sessions run concurrently on one event loop."""
+    tok = chatml_tokenizer
+    config = _config("actor_rollout_ref.rollout.multi_turn.max_parallel_calls=4")
+
+    async def both():
+        bad = run_session(config, TinyModelServer(tiny_model, tok, [MALFORMED_PLAN, "Done."]), tok, "bad", 0, TASK)
+        good = run_session(config, TinyModelServer(tiny_model, tok, DEFAULT_PLANS), tok, "good", 0, TASK)
+        return await asyncio.gather(bad, good)
+
+    (bad_outputs, _), (good_outputs, _) = asyncio.run(both())
+    bad = bad_outputs[-1].extra_fields["credit"]
+    good = good_outputs[-1].extra_fields["credit"]
+    assert bad["malformed_tool_calls"] == 2
+    assert good["malformed_tool_calls"] == 0
+    first = next(m for m in bad["messages"] if m["role"] == "assistant")
+    assert len(first["tool_calls"]) == 1  # the one call that decoded was executed

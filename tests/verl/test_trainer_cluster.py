@@ -532,7 +532,12 @@ def test_payload_metrics_without_timeouts():
     from verl_credit.verl.credit_step import compute_credit_advantages
 
     graph = InfluenceGraph.uniform(2).to_json()
-    payloads = [{"graph": graph}, {"graph": graph}, {"graph": graph, "dropped_tool_calls": 4}, {"graph": graph}]
+    payloads = [
+        {"graph": graph, "malformed_tool_calls": 3},
+        {"graph": graph},
+        {"graph": graph, "dropped_tool_calls": 4, "malformed_tool_calls": 2},
+        {"graph": graph, "malformed_tool_calls": "many"},  # not a count: ignored
+    ]
     step = compute_credit_advantages(
         *_session_rows(payloads, [1.0, 1.0, 0.0, 1.0], ["a", "a", "b", "b"]),
         _settings("rules"),
@@ -540,5 +545,6 @@ def test_payload_metrics_without_timeouts():
     )
     assert step.metrics["credit/annotation_timeouts"] == 0.0
     assert step.metrics["credit/dropped_tool_calls"] == 4.0
+    assert step.metrics["credit/malformed_tool_calls"] == 5.0  # the step's sum over sessions
     assert step.metrics["credit/zero_adv_groups"] == 0.5  # group a: both sessions scored 1
     assert step.metrics["credit/fallback_rate"] == 0.0

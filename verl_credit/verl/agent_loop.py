@@ -57,6 +57,7 @@ from verl_credit.trajectory import Trajectory
 from verl_credit.verl.annotation import annotate_finished_trajectory
 from verl_credit.verl.batch import VALIDATE_KEY
 from verl_credit.verl.settings import CreditSettings, load_settings
+from verl_credit.verl.tool_call_errors import count_malformed_tool_calls
 from verl_credit.verl.users import SimulatedUser, build_user
 
 __all__ = ["AGENT_NAME", "CREDIT_KEY", "CreditAgentLoop", "EnvironmentTool", "RecordedAction"]
@@ -140,7 +141,9 @@ class CreditAgentLoop(ToolAgentLoop):
         try:
             agent_data, episode_info = await self._open_episode(env, extra_info, kwargs, priority)
             user = build_user(self.settings.user, env, extra_info, episode_info)
-            actions, stop_reason = await self._run_episode(agent_data, sampling_params, user)
+            with count_malformed_tool_calls() as malformed:
+                actions, stop_reason = await self._run_episode(agent_data, sampling_params, user)
+            agent_data.credit_malformed_calls = malformed.count
             if env is not None:
                 reward = float(await env.reward())
         finally:
@@ -196,6 +199,7 @@ class CreditAgentLoop(ToolAgentLoop):
         agent_data.credit_action_offset = sum(1 for m in messages if m.get("role") == "assistant")
         agent_data.credit_user_replies = 0
         agent_data.credit_dropped_calls = 0
+        agent_data.credit_malformed_calls = 0
         agent_data.credit_turn_rewards = []
         return agent_data, episode_info
 
@@ -350,6 +354,7 @@ class CreditAgentLoop(ToolAgentLoop):
             "env": getattr(env, "name", None) if env is not None else None,
             "layout": self.settings.layout,
             "dropped_tool_calls": int(agent_data.credit_dropped_calls),
+            "malformed_tool_calls": int(agent_data.credit_malformed_calls),
         }
         if agent_data.credit_turn_rewards:  # actions of the prompt earned nothing
             offset = agent_data.credit_action_offset

@@ -129,6 +129,9 @@ def compute_credit_advantages(
     metrics["credit/dropped_tool_calls"] = float(
         sum(payload_count(p.get("dropped_tool_calls")) for p in inputs.payloads)
     )
+    metrics["credit/malformed_tool_calls"] = float(
+        sum(payload_count(p.get("malformed_tool_calls")) for p in inputs.payloads)
+    )
     metrics["credit/nonfinite_rewards"] = float(len(inputs.nonfinite))
     metrics["credit/nonfinite_advantages"] = float(nonfinite_advantages.sum())
     metrics["credit/sessions"] = float(len(sessions))

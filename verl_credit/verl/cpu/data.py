@@ -5,7 +5,11 @@ One row per task: the service environment is built by the credit agent loop from
 holds the opening the environment produces (verl's dataset needs a prompt to tokenize and filter
 by length; the agent loop builds its own messages from the environment).
 
-    python -m verl_credit.verl.cpu.data --out DIR --tasks 4 [--variant refund --seed 0]
+    python -m verl_credit.verl.cpu.data --out DIR --tasks 4 [--val-tasks 16] [--variant refund --seed 0]
+
+Without ``--val-tasks`` the validation file holds the training tasks (the smoke run checks the
+machinery, not generalization); with ``--val-tasks M`` it holds the ``M`` tasks that follow the
+training ones (task seeds ``N .. N+M-1``), which training never samples.
 """
 
 from __future__ import annotations
@@ -42,17 +46,19 @@ def service_rows(specs: Sequence[dict[str, Any]], split: str) -> list[dict[str, 
     ]
 
 
-def write_service_dataset(out_dir: str | Path, specs: Sequence[dict[str, Any]]) -> dict[str, str]:
-    """``train.parquet`` and ``val.parquet`` (the same tasks: the run checks the machinery, not
-    generalization) in ``out_dir``; returns their paths."""
+def write_service_dataset(
+    out_dir: str | Path, specs: Sequence[dict[str, Any]], val_specs: Sequence[dict[str, Any]] | None = None
+) -> dict[str, str]:
+    """``train.parquet`` (``specs``) and ``val.parquet`` (``val_specs``; default: the training
+    tasks) in ``out_dir``; returns their paths."""
     import pandas as pd
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {}
-    for split in ("train", "val"):
+    for split, split_specs in (("train", specs), ("val", specs if val_specs is None else val_specs)):
         path = out / f"{split}.parquet"
-        pd.DataFrame(service_rows(specs, split)).to_parquet(path)
+        pd.DataFrame(service_rows(split_specs, split)).to_parquet(path)
         paths[split] = str(path)
     return paths
 
@@ -63,11 +69,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--tasks", type=int, default=4)
+    parser.add_argument(
+        "--val-tasks", type=int, default=0, help="held-out validation tasks (0: validate on the training tasks)"
+    )
     parser.add_argument("--variant", default="refund")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    specs = service_specs(args.tasks, variant=args.variant, seed=args.seed)
-    print(json.dumps(write_service_dataset(args.out, specs)))
+    if args.val_tasks < 0:
+        parser.error(f"--val-tasks must be >= 0, got {args.val_tasks}")
+    every = service_specs(args.tasks + args.val_tasks, variant=args.variant, seed=args.seed)
+    specs, held_out = every[: args.tasks], every[args.tasks :]
+    print(json.dumps(write_service_dataset(args.out, specs, held_out or None)))
     return 0
 
 
