@@ -203,6 +203,10 @@ def test_the_sweep_picks_the_fastest_grpo_learning_rate():
     lr, table = choose_lr(records, window=5)
     assert lr == 3e-4
     assert [row["lr"] for row in table] == [1e-4, 3e-4]
+    # a learning rate that gets to 0.8 first and then collapses loses to a steady one
+    collapse = [_record("grpo", s, [0.0] + [1.0] * 3 + [0.0] * 6, lr=1e-3) for s in (101, 102)]
+    steady = [_record("grpo", s, [0.0] * 3 + [1.0] * 7, lr=3e-4) for s in (101, 102)]
+    assert choose_lr([*collapse, *steady], window=2)[0] == 3e-4
 
 
 @pytest.mark.slow

@@ -15,8 +15,8 @@ FSDP2 actor; every run in its own Ray session, stopped and cleaned up by ``train
    task it never saw is unsolvable by construction -- greedy success 0.0 on 16 unseen tasks after
    warm starts on 4 and on 16 tasks -- and a validation on such tasks would measure nothing.)
 2. **The sweep** (unless ``--lr`` is given): ``grpo`` alone, on ``--sweep-seeds`` seeds that are
-   never measured, for each ``--sweep-lrs``; the learning rate with the smallest median steps to
-   0.8 (ties: larger mean AUC) is used for every arm of the measured runs.
+   never measured, for each ``--sweep-lrs``; the learning rate with the largest mean AUC (ties:
+   smaller median steps to 0.8) is used for every arm of the measured runs.
 3. **Measured runs**, interleaved seed by seed with the arm order rotating, so machine noise hits
    the arms alike: the ``service`` setting for every ``--arms`` (``--seeds`` for grpo and iapo,
    ``--minor-seeds`` for the others), then ``delayed`` (grpo vs iapo, ``--delayed-seeds``).
@@ -68,7 +68,7 @@ from verl_credit.bench.cpu_learning_dumps import run_dump_diagnostics
 __all__ = ["ARMS", "SETTINGS", "BenchConfig", "Setting", "main", "plan_runs"]
 
 REPO = Path(__file__).resolve().parents[2]
-ARMS: tuple[str, ...] = ("grpo", "iapo", "call_credit", "gigpo", "turn_reward")
+ARMS: tuple[str, ...] = ("grpo", "iapo", "call_credit", "gigpo", "turn_reward", "info_gain")
 #: arms measured on ``--seeds`` seeds; the others on ``--minor-seeds``
 MAJOR_ARMS: tuple[str, ...] = ("grpo", "iapo")
 
@@ -384,8 +384,9 @@ def _remove_tree(path: Path) -> None:
 
 
 def choose_lr(records: Sequence[RunRecord], window: int) -> tuple[float, list[dict[str, Any]]]:
-    """The sweep's learning rate (smallest median steps to 0.8, ties: larger mean AUC) and the
-    sweep's table."""
+    """The sweep's learning rate -- the largest mean AUC (it rewards learning fast and penalizes a
+    run that gets there and then collapses, which steps-to-0.8 alone would not see), ties: smaller
+    median steps to 0.8 -- and the sweep's table."""
     from verl_credit.bench.stats import quantiles
 
     rows = []
@@ -401,7 +402,7 @@ def choose_lr(records: Sequence[RunRecord], window: int) -> tuple[float, list[di
                 "final_success_mean": sum(m["final_success"] for m in runs) / len(runs),
             }
         )
-    best = min(rows, key=lambda row: (row["steps_to_0.8_median"], -row["auc_mean"]))
+    best = max(rows, key=lambda row: (row["auc_mean"], -row["steps_to_0.8_median"]))
     return float(best["lr"]), rows
 
 
