@@ -72,6 +72,15 @@ def test_early_stop_needs_the_level_held():
     assert not should_stop([0.9] * 5 + [0.4], 0.9, window=5, hold=2)
 
 
+def test_a_run_with_ten_steps_of_no_success_has_collapsed():
+    from verl_credit.bench.cpu_learning import has_collapsed
+
+    assert has_collapsed([0.9, 0.5] + [0.0] * 10)
+    assert not has_collapsed([0.9] + [0.0] * 9)
+    assert not has_collapsed([0.0] * 9 + [0.03])
+    assert area_under_curve([1.0, 1.0, 0.0, 0.0], budget=8, window=2) == pytest.approx(2 / 8)
+
+
 def test_auc_fills_the_budget_after_an_early_stop_with_the_last_window():
     assert area_under_curve([0.0, 1.0], budget=2, window=2) == 0.5
     # stopped after 4 of 8 steps; the last 2 steps' mean (0.9) stands for the 4 untrained ones

@@ -15,7 +15,9 @@ Definitions (``window`` = 5 steps, the thresholds 0.8 and 0.9):
   excluded; it is reported on its own);
 * *AUC*: the mean training success over the budget's steps; a run stopped early (it held the top
   threshold) counts its last ``window`` steps' mean for the steps it did not train;
-* *early stop*: once the trailing mean has stayed >= the top threshold for ``hold`` steps.
+* *early stop*: once the trailing mean has stayed >= the top threshold for ``hold`` steps, or once
+  a run has collapsed (10 steps in a row with no success: no advantage is non-zero any more, so the
+  policy is frozen and its AUC is filled with its last mean, 0).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ __all__ = [
     "compare_arms",
     "first_reach",
     "format_table",
+    "has_collapsed",
     "json_safe",
     "moving_mean",
     "plot_curves",
@@ -165,10 +168,16 @@ def should_stop(success: Sequence[float], threshold: float, window: int = 5, hol
     return len(means) >= hold and all(value >= threshold - 1e-12 for value in means[-hold:])
 
 
+def has_collapsed(success: Sequence[float], steps: int = 10) -> bool:
+    """True when the last ``steps`` steps all had zero training success: every GRPO group of such a
+    step is uniform, so every advantage is 0 and the policy no longer changes -- the run would stay
+    at (about) 0 until its budget, which can take a long time (failing episodes run to the turn limit)."""
+    return len(success) >= steps and all(value == 0.0 for value in success[-steps:])
+
+
 def area_under_curve(success: Sequence[float], budget: int, window: int = 5) -> float:
     """Mean training success over ``budget`` steps; steps after an early stop count the mean of the
-    run's last ``window`` steps (a run that stopped short of its budget without holding the level
-    is not early-stopped and should not be passed here)."""
+    run's last ``window`` steps (0 for a collapsed run)."""
     if budget < 1:
         raise ValueError(f"budget must be >= 1, got {budget}")
     values = list(success[:budget])

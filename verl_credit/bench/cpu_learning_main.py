@@ -53,6 +53,7 @@ from verl_credit.bench.cpu_learning import (
     RunRecord,
     compare_arms,
     format_table,
+    has_collapsed,
     json_safe,
     plot_curves,
     ratio_line,
@@ -284,8 +285,10 @@ def run_one(
             time.sleep(5)
             metrics = read_step_metrics(metrics_path)
             success = [metrics[s]["critic/score/mean"] for s in training_steps(metrics)]
-            if should_stop(success, config.stop_at, config.window, config.hold) and len(success) < config.budget:
-                status = "early_stop"
+            if len(success) < config.budget and (
+                should_stop(success, config.stop_at, config.window, config.hold) or has_collapsed(success)
+            ):
+                status = "collapsed" if has_collapsed(success) else "early_stop"
                 process.send_signal(signal.SIGTERM)  # train.sh's exit trap stops the trainer and Ray
                 break
             if time.monotonic() - started > config.run_timeout_s + 120:
