@@ -104,16 +104,18 @@ def test_call_credit_advantages_hand_computed(pagination_world: CachedTaskWorld)
     good = _play(pagination_world, (0, 1), edit=0, verify=0)
     bad = _play(pagination_world, (0, 1), edit=2, verify=0, repair=2)  # repair: the same wrong edit again
     assert good.lengths == [2, 2, 18, 1, 5]
-    assert good.call_graph.out_degree().tolist() == [1.0, 1.0, 1.0, 0.0, 0.0]
+    # read core.py -> edit core.py -> run the tests; the read of render.py supports nothing (it
+    # shares only the variable per_page with the edit, and a symbol edge needs a defined name)
+    assert good.call_graph.out_degree().tolist() == [1.0, 0.0, 1.0, 0.0, 0.0]
     credit, masks = credit_for_batch("call_credit", [good, bad])
     # GRPO group of two, rewards [1, 0]: mean 0.5, Bessel std 0.70711 -> A = +-0.70711
     assert credit.trajectory_advantage.tolist() == pytest.approx([0.70711, -0.70711], abs=1e-5)
-    # good: T=5, deg+1 = [2,2,2,1,1] (sum 8), omega = [.6,.6,1,.4,.6], gamma^(T-pos) = [.8145,.8574,.9025,.95,1]
-    # s = [.12218, .12861, .22563, .04750, .07500]; L = [2,2,18,1,5] (sum 28); sum L s = 4.98531
-    # w = 28 s / 4.98531 = [0.68620, 0.72232, 1.26722, 0.26679, 0.42124]
-    assert credit.weight[0, :5].tolist() == pytest.approx([0.68620, 0.72232, 1.26722, 0.26679, 0.42124], abs=1e-5)
+    # good: T=5, deg+1 = [2,1,2,1,1] (sum 7), omega = [.6,.6,1,.4,.6], gamma^(T-pos) = [.8145,.8574,.9025,.95,1]
+    # s = [.13963, .07349, .25786, .05429, .08571]; L = [2,2,18,1,5] (sum 28); sum L s = 5.55052
+    # w = 28 s / 5.55052 = [0.70437, 0.37072, 1.30078, 0.27385, 0.43239]
+    assert credit.weight[0, :5].tolist() == pytest.approx([0.70437, 0.37072, 1.30078, 0.27385, 0.43239], abs=1e-5)
     assert credit.action_advantage[0, :5].tolist() == pytest.approx(
-        [0.70711 * w for w in [0.68620, 0.72232, 1.26722, 0.26679, 0.42124]], abs=1e-4
+        [0.70711 * w for w in [0.70437, 0.37072, 1.30078, 0.27385, 0.43239]], abs=1e-4
     )
     assert masks["IG"][0, :5].tolist() == [1, 1, 0, 0, 1] and masks["AE"][0, :5].tolist() == [0, 0, 1, 0, 0]
     grpo, _ = credit_for_batch("grpo", [good, bad])
@@ -150,7 +152,7 @@ def test_quantiles_and_config_errors() -> None:
         CodingBenchConfig(budget=8)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(400)
 def test_tiny_benchmark_and_script(capsys: pytest.CaptureFixture[str]) -> None:
     config = CodingBenchConfig(
         seeds=2,

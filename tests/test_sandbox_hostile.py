@@ -1,4 +1,4 @@
-"""The coding sandbox against a hostile agent: reward faking, trainer hangs, resource limits (issue 13)."""
+"""The coding sandbox against a hostile agent: reward faking, trainer hangs, resource limits."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ JAIL_MODES = [
 ]
 
 # An edited module that, once imported by the hidden tests, fakes a perfect JUnit report at exit
-# and prints a fake pytest summary (the attack of issue 13: returned 1.0 with the bug unfixed).
+# and prints a fake pytest summary (an attack that once returned 1.0 with the bug unfixed).
 ATEXIT_ATTACK = """
 import atexit, glob, os
 
@@ -99,7 +99,7 @@ def test_forged_records_and_early_exit_score_zero(sandbox: CodingSandbox) -> Non
     assert report.hidden_passed == 0 and sandbox.reward() == 0.0
 
 
-# In-process attacks on the grader (issue 13, item 1): each made the unfixed task score 1.0 while
+# In-process attacks on the grader: each made the unfixed task score 1.0 while
 # the agent's modules were imported into the hidden-test pytest process.
 PYTEST_PATCH = """
 try:

@@ -2,8 +2,13 @@
 
 * :mod:`.task_spec` -- the shipped tasks (``tasks/<name>/``: repo, hidden tests, solution, wrong edits);
 * :mod:`.sandbox` -- one episode: tools, snapshot/restore, hidden-test reward;
-* :mod:`.jail` -- the command jail (Linux namespaces, or a documented best-effort fallback);
-* :mod:`.paths` -- path arguments resolved inside the sandbox or rejected;
+* :mod:`.jail` -- the command jail (Linux namespaces, or a documented best-effort fallback), with
+  :mod:`.namespace` (the jail's view), :mod:`.reaper` (kills the whole tree; socket filter),
+  :mod:`.cgroups` (process and memory limits), :mod:`.process_runner` (deadline, output budget);
+* :mod:`.paths` / :mod:`.beneath` -- path arguments resolved race-free beneath the sandbox root;
+* :mod:`.workspace` -- size-limited workspace directories (the disk quota during a call);
+* :mod:`.host_git` -- the trainer's git, blind to the agent's ``.git``;
+* :mod:`.timing` -- what the isolation costs (``python -m verl_credit.envs.coding.timing``);
 * :mod:`.replay` -- counterfactual replay of a trajectory with one call replaced;
 * :mod:`.environment` -- the async :class:`~verl_credit.envs.base.Environment` adapter.
 """

@@ -2,8 +2,11 @@
 
 ``start(task)`` takes ``{"task": "<shipped task name>"}`` (also ``name`` or ``task_dir``) and checks
 the task out into a fresh :class:`CodingSandbox`. Tool calls and the reward run in worker threads
-(``asyncio.to_thread``) so concurrent episodes do not block the event loop. The episode ends when
-the agent answers without a tool call (``user_turn`` returns ``done``); there is no simulated user.
+(``asyncio.to_thread``) so concurrent episodes do not block the event loop. Calls of one episode
+run one at a time (an ``asyncio.Lock``): verl runs one message's tool calls concurrently, and a
+file tool must never run while the same sandbox's ``bash`` does; waiting happens on the event
+loop, not in a worker thread. The episode ends when the agent answers without a tool call
+(``user_turn`` returns ``done``); there is no simulated user.
 
 ``replay(messages, call_index, replacement_arguments) -> float`` re-runs a finished trajectory of
 the current task in a fresh sandbox with one call's tool call replaced (``None``: removed) -- the
@@ -35,7 +38,8 @@ When you are done, reply with a short summary and no tool call. Your fix is grad
 @register_environment("coding")
 class CodingEnvironment(Environment):
     """Options: ``jail`` (auto|namespace|fallback), ``limits`` (:class:`SandboxLimits` or a mapping),
-    ``reward_mode`` (binary|fraction), ``require_read_before_edit``, ``base_dir``."""
+    ``reward_mode`` (binary|fraction), ``require_read_before_edit``, ``base_dir``, ``workspace``
+    (auto|tmpfs|directory)."""
 
     def __init__(
         self,
@@ -44,6 +48,7 @@ class CodingEnvironment(Environment):
         reward_mode: str = "binary",
         require_read_before_edit: bool = True,
         base_dir: str | None = None,
+        workspace: str = "auto",
     ) -> None:
         self.options: dict[str, Any] = {
             "jail": jail,
@@ -51,9 +56,11 @@ class CodingEnvironment(Environment):
             "reward_mode": reward_mode,
             "require_read_before_edit": require_read_before_edit,
             "base_dir": base_dir,
+            "workspace": workspace,
         }
         self.sandbox: CodingSandbox | None = None
         self.task: CodingTask | None = None
+        self._turn = asyncio.Lock()  # one call at a time on the sandbox (see the module docstring)
 
     async def start(self, task: Mapping[str, Any]) -> EpisodeStart:
         spec = task.get("task") or task.get("name") or task.get("task_dir")
@@ -75,18 +82,21 @@ class CodingEnvironment(Environment):
         )
 
     async def call_tool(self, name: str, arguments: Mapping[str, Any]) -> ToolResult:
-        return await asyncio.to_thread(self._require_sandbox().call, name, arguments)
+        async with self._turn:
+            return await asyncio.to_thread(self._require_sandbox().call, name, arguments)
 
     async def user_turn(self, messages: list[dict[str, Any]]) -> UserTurn:
         return UserTurn(content=None, done=True)
 
     async def reward(self) -> float:
-        return await asyncio.to_thread(self._require_sandbox().reward)
+        async with self._turn:
+            return await asyncio.to_thread(self._require_sandbox().reward)
 
     async def close(self) -> None:
-        if self.sandbox is not None:
-            self.sandbox.close()
-            self.sandbox = None
+        async with self._turn:
+            if self.sandbox is not None:
+                sandbox, self.sandbox = self.sandbox, None
+                await asyncio.to_thread(sandbox.close)
 
     def replay(
         self,

@@ -17,14 +17,17 @@ hidden tests stays hidden from it.
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
+import stat
 import sys
 import tempfile
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from verl_credit.envs.coding.beneath import walk
 from verl_credit.envs.coding.jail import JailResult, high_pipe, run_host, scrubbed_environment
 from verl_credit.envs.coding.reward_channel import RUNNER_SOURCE, ChannelVerdict, new_nonce, parse_channel
 
@@ -55,15 +58,22 @@ class HiddenRun:
 
 def agent_module_names(tree: Path, exclude: Sequence[str] = ()) -> list[str]:
     """Top-level importable names of the agent's tree: packages (directories holding ``.py``
-    files) and ``*.py`` modules, without ``tests`` and the names in ``exclude``."""
+    files, at most :data:`~.beneath.MAX_DEPTH` levels down) and ``*.py`` modules, without
+    ``tests`` and the names in ``exclude``. Symlinks are not followed; the walk is iterative."""
     names: set[str] = set()
-    for entry in sorted(tree.iterdir()):
-        if entry.is_symlink() or entry.name.startswith(".") or entry.name == "tests":
-            continue
-        if entry.is_dir() and entry.name.isidentifier() and any(entry.rglob("*.py")):
-            names.add(entry.name)
-        elif entry.is_file() and entry.suffix == ".py" and entry.stem.isidentifier():
-            names.add(entry.stem)
+    top = os.open(tree, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for _, entry in walk(top):
+            first = entry.rel[0]
+            if first.startswith(".") or first == "tests" or not stat.S_ISREG(entry.mode):
+                continue
+            if not entry.name.endswith(".py"):
+                continue
+            stem = first[: -len(".py")] if len(entry.rel) == 1 else first
+            if stem.isidentifier():
+                names.add(stem)
+    finally:
+        os.close(top)
     return sorted(names - set(exclude))
 
 

@@ -7,6 +7,7 @@ information (IG), ``edit_file``/``write_file`` execute (AE, their results hold a
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,12 +26,13 @@ def _tool(name: str, description: str, properties: dict[str, Any], required: lis
 
 
 _PATH = {"type": "string", "description": "Path relative to the repository root."}
+_LINE = {"type": "integer", "minimum": 1, "maximum": 2**31 - 1}
 
 TOOL_SCHEMAS: list[dict[str, Any]] = [
     _tool(
         "read_file",
         "Read a text file of the repository. Optional 1-based inclusive line range.",
-        {"path": _PATH, "start_line": {"type": "integer"}, "end_line": {"type": "integer"}},
+        {"path": _PATH, "start_line": _LINE, "end_line": _LINE},
         ["path"],
     ),
     _tool(
@@ -69,7 +71,10 @@ TOOL_SCHEMAS: list[dict[str, Any]] = [
         "bash",
         "Run a shell command in the repository root (time- and output-limited; no network; "
         "nothing outside the repository is writable).",
-        {"command": {"type": "string"}, "timeout": {"type": "number", "description": "Seconds (capped)."}},
+        {
+            "command": {"type": "string"},
+            "timeout": {"type": "number", "exclusiveMinimum": 0, "maximum": 86400, "description": "Seconds (capped)."},
+        },
         ["command"],
     ),
 ]
@@ -85,7 +90,8 @@ _JSON_TYPES: dict[str, tuple[type, ...]] = {
 
 
 class ToolArgumentError(ValueError):
-    """A tool call with an unknown name, a missing argument or an argument of the wrong type."""
+    """A tool call with an unknown name, a missing argument, or an argument of the wrong type or
+    out of its range."""
 
 
 def check_arguments(name: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
@@ -116,5 +122,40 @@ def check_arguments(name: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
             raise ToolArgumentError(
                 f"{name}: argument {key!r} must be of type {properties[key]['type']}, got {type(value).__name__}"
             )
+        problem = _value_problem(value, properties[key])
+        if problem is not None:
+            raise ToolArgumentError(f"{name}: argument {key!r} {problem}")
         checked[key] = value
     return checked
+
+
+def _value_problem(value: Any, schema: Mapping[str, Any]) -> str | None:
+    """Why ``value`` (already of the schema's type) is unusable, or None.
+
+    JSON lets a model send ``NaN``, ``Infinity``, ``1e999`` or a 400-digit integer: numbers must be
+    finite and inside the schema's ``minimum``/``maximum``/``exclusiveMinimum``, so that no value
+    disables a cap (a NaN deadline never passes) or overflows a conversion. Strings must be
+    encodable text (a lone surrogate such as ``"\\ud800"`` cannot be written to a file or an argv).
+    """
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return f"is not valid text (a lone surrogate at position {exc.start})"
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"must be a finite number, got {value!r}"
+    if abs(value) < 10**15:
+        shown: Any = value
+    else:  # never float() or str() a huge integer (OverflowError, the int-to-str digit limit)
+        sign = "-" if value < 0 else ""
+        shown = f"{value:.3g}" if isinstance(value, float) else f"{sign}an integer of {value.bit_length()} bits"
+    if "minimum" in schema and value < schema["minimum"]:
+        return f"must be >= {schema['minimum']}, got {shown}"
+    if "exclusiveMinimum" in schema and value <= schema["exclusiveMinimum"]:
+        return f"must be > {schema['exclusiveMinimum']}, got {shown}"
+    if "maximum" in schema and value > schema["maximum"]:
+        return f"must be <= {schema['maximum']}, got {shown}"
+    return None
