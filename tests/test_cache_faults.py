@@ -117,6 +117,24 @@ def test_a_directory_path_is_a_clear_error(tmp_path: Path) -> None:
         CachedAnnotator(UniformAnnotator(), tmp_path)
 
 
+# -- a FIFO or a device --------------------------------------------------------------------------
+def test_a_fifo_path_is_a_clear_error_with_no_journal_beside_it(tmp_path: Path) -> None:
+    fifo = tmp_path / "graphs.sqlite"
+    os.mkfifo(fifo)
+    link = tmp_path / "link.sqlite"
+    link.symlink_to(fifo)
+    for path in (fifo, link):
+        with pytest.raises(ValueError, match=rf"{path}.*is not a regular file"):
+            GraphCache(path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["graphs.sqlite", "link.sqlite"]  # no -wal/-journal
+
+
+def test_a_device_path_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match=rf"'{os.devnull}' is not a regular file"):
+        GraphCache(os.devnull)
+    assert not any(os.path.exists(os.devnull + suffix) for suffix in ("-wal", "-shm", "-journal"))
+
+
 # -- read-only locations -------------------------------------------------------------------------
 def test_forced_read_only_serves_hits_and_skips_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The read-only path itself (root passes every permission check, so it is forced here)."""

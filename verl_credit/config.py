@@ -1,17 +1,32 @@
 """Typed settings of the credit estimators: one source for every default in DESIGN.md.
 
 The Hydra node ``credit`` (``verl_credit/config/credit_trainer.yaml``) mirrors these dataclasses;
-the CLI flags build the same objects. Bad values raise ``ValueError`` naming the key.
+the CLI flags build the same objects. Every field declares its type and allowed range
+(:mod:`verl_credit.config_rules`); a bad value -- of the wrong type (``'0.5'``, ``'false'``), not
+finite, or out of range -- raises ``ValueError`` naming the key and the allowed range.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from verl_credit.anchor_states import ANCHOR_STATES
+from verl_credit.config_rules import (
+    MAX_COUNT,
+    MAX_SECONDS,
+    MAX_WEIGHT,
+    Choice,
+    Number,
+    Section,
+    Switch,
+    Text,
+    Weights,
+    check_fields,
+    rule_of,
+    setting,
+)
 from verl_credit.credit.call_credit import CALL_CREDIT_MODES, ROLES
 from verl_credit.credit.gigpo import GIGPO_MODES
 from verl_credit.credit.iapo import NEG_ROUTES
@@ -27,39 +42,43 @@ __all__ = [
     "GiGPOConfig",
     "IAPOConfig",
     "IGDownweightConfig",
+    "InfoGainConfig",
     "TurnRewardConfig",
 ]
 
 RV_REWARDS: tuple[str, ...] = ("off", "self_correction", "literal")
+
+#: the largest IAPO clip bound and tilts: exp(2 c) and exp(beta psi) stay far from overflow
+MAX_TILT = 10.0
+#: an epsilon added to a std: positive (0 divides by zero) and at most 1
+EPS = Number(0.0, 1.0, low_open=True)
+#: a discount in (0, 1]
+DISCOUNT = Number(0.0, 1.0, low_open=True)
+#: a share or mixing weight in [0, 1]
+SHARE = Number(0.0, 1.0)
+#: a multiplier in (0, 1]
+FACTOR = Number(0.0, 1.0, low_open=True)
+#: a non-negative weight (at most MAX_WEIGHT)
+WEIGHT = Number(0.0, MAX_WEIGHT)
 
 
 @dataclass(frozen=True)
 class IAPOConfig:
     """IAPO routing (DESIGN.md section 3)."""
 
-    beta_plus: float = 0.05
+    beta_plus: float = setting(0.05, Number(0.0, MAX_TILT))
     """Tilt of the positive branch away from error-heavy actions (0 = support only)."""
-    clip_c: float = 0.25
+    clip_c: float = setting(0.25, Number(0.0, MAX_TILT))
     """Clip bound of the z-scored features; ``max m / min m <= exp(2 c)``."""
-    neg_route: str = "error"
+    neg_route: str = setting("error", Choice(NEG_ROUTES))
     """Negative-branch weights: ``error`` (w- = m-), ``support`` (w- = m+), ``projected``."""
-    beta_minus: float = 0.05
+    beta_minus: float = setting(0.05, Number(0.0, MAX_TILT))
     """Tilt toward error-heavy actions of the ``projected`` negative branch."""
-    eps: float = 1e-6
+    eps: float = setting(1e-6, EPS)
     """Added to the feature std in the z-score."""
 
     def __post_init__(self) -> None:
-        _check_finite_fields(self, "credit.iapo")
-        if self.clip_c < 0:
-            raise ValueError(f"credit.iapo.clip_c must be >= 0, got {self.clip_c}")
-        if self.neg_route not in NEG_ROUTES:
-            raise ValueError(f"credit.iapo.neg_route must be one of {NEG_ROUTES}, got {self.neg_route!r}")
-        if self.beta_plus < 0:
-            raise ValueError(f"credit.iapo.beta_plus must be >= 0, got {self.beta_plus}")
-        if self.beta_minus < 0:
-            raise ValueError(f"credit.iapo.beta_minus must be >= 0, got {self.beta_minus}")
-        if self.eps <= 0:
-            raise ValueError(f"credit.iapo.eps must be > 0, got {self.eps}")
+        check_fields(self, "credit.iapo")
 
 
 @dataclass(frozen=True)
@@ -71,40 +90,24 @@ class CounterfactualConfig:
     ``w_k <- w_k max(1 + eta sign(A) Delta_k, factor_floor)``, then each trajectory's mass is restored.
     """
 
-    enabled: bool = False
+    enabled: bool = setting(False, Switch())
     """Switch (needs an environment with ``replay``, e.g. the coding sandbox)."""
-    budget: int = 4
+    budget: int = setting(4, Number(0, MAX_COUNT, integer=True))
     """K: AE calls replayed per training step (the K largest ``|A_i|`` of the batch)."""
-    eta: float = 0.5
+    eta: float = setting(0.5, WEIGHT)
     """Calibration strength."""
-    factor_floor: float = 1e-3
+    factor_floor: float = setting(1e-3, FACTOR)
     """Lower bound of the calibration factor (keeps every weight positive)."""
-    proposer: str = "remove"
+    proposer: str = setting("remove", Text())
     """Alternative of the replayed call: ``remove`` (the call is dropped: "what if this edit had not been
     made", model-free), another registered name, or ``package.module:Class``."""
-    concurrency: int = 4
+    concurrency: int = setting(4, Number(1, MAX_COUNT, integer=True))
     """Replays run at once (each in its own environment instance)."""
-    timeout: float = 300.0
+    timeout: float = setting(300.0, Number(0.0, MAX_SECONDS, low_open=True))
     """Seconds per replay; a replay past it counts as a failure."""
 
     def __post_init__(self) -> None:
-        prefix = "credit.call_credit.counterfactual"
-        _check_finite_fields(self, prefix)
-        _check_switch(self.enabled, f"{prefix}.enabled")
-        _check_count(self.budget, f"{prefix}.budget")
-        _check_count(self.concurrency, f"{prefix}.concurrency")
-        if self.budget < 0:
-            raise ValueError(f"{prefix}.budget must be >= 0, got {self.budget}")
-        if self.eta < 0:
-            raise ValueError(f"{prefix}.eta must be >= 0, got {self.eta}")
-        if not 0 < self.factor_floor <= 1:
-            raise ValueError(f"{prefix}.factor_floor must be in (0, 1], got {self.factor_floor}")
-        if not isinstance(self.proposer, str) or not self.proposer:
-            raise ValueError(f"{prefix}.proposer must be a proposer name, got {self.proposer!r}")
-        if self.concurrency < 1:
-            raise ValueError(f"{prefix}.concurrency must be >= 1, got {self.concurrency}")
-        if not self.timeout > 0:
-            raise ValueError(f"{prefix}.timeout must be > 0, got {self.timeout}")
+        check_fields(self, "credit.call_credit.counterfactual")
 
 
 @dataclass(frozen=True)
@@ -113,24 +116,17 @@ class IGDownweightConfig:
     ``w * factor`` (mass restored). The ``budget`` IG calls with the largest ``|A_i|`` are replayed
     per step (same environment, proposer, concurrency and timeout as ``counterfactual``)."""
 
-    enabled: bool = False
-    budget: int = 4
+    enabled: bool = setting(False, Switch())
+    budget: int = setting(4, Number(0, MAX_COUNT, integer=True))
     """IG calls replayed per training step."""
-    theta_ig: float = 0.5
+    theta_ig: float = setting(0.5, Number())
     """Threshold on ``Delta = R(tau) - R(tau without the call)``; with 0/1 rewards, 0.5 down-weights
     reads whose removal does not lower the reward."""
-    factor: float = 0.5
+    factor: float = setting(0.5, FACTOR)
     """Multiplier of a down-weighted IG call's weight, in (0, 1]."""
 
     def __post_init__(self) -> None:
-        prefix = "credit.call_credit.ig_downweight"
-        _check_finite_fields(self, prefix)
-        _check_switch(self.enabled, f"{prefix}.enabled")
-        _check_count(self.budget, f"{prefix}.budget")
-        if self.budget < 0:
-            raise ValueError(f"{prefix}.budget must be >= 0, got {self.budget}")
-        if not 0 < self.factor <= 1:
-            raise ValueError(f"{prefix}.factor must be in (0, 1], got {self.factor}")
+        check_fields(self, "credit.call_credit.ig_downweight")
 
 
 @dataclass(frozen=True)
@@ -139,24 +135,18 @@ class AdaptiveOmegaConfig:
     (weight ``ema_beta``) of each role's share of mean ``|A_i|`` (times ``1 + mean Delta`` where
     replays measured one), clipped to ``[omega_min, omega_max]``; the next step uses it."""
 
-    enabled: bool = False
-    rho: float = 0.1
+    enabled: bool = setting(False, Switch())
+    rho: float = setting(0.1, SHARE)
     """Step of omega toward its target, in [0, 1]."""
-    ema_beta: float = 0.1
+    ema_beta: float = setting(0.1, FACTOR)
     """Weight of the newest step in the EMAs, in (0, 1]."""
-    omega_min: float = 0.1
-    omega_max: float = 2.0
+    omega_min: float = setting(0.1, Number(0.0, MAX_WEIGHT, low_open=True))
+    omega_max: float = setting(2.0, Number(0.0, MAX_WEIGHT, low_open=True))
+    """At least ``omega_min``."""
 
     def __post_init__(self) -> None:
         prefix = "credit.call_credit.adaptive_omega"
-        _check_finite_fields(self, prefix)
-        _check_switch(self.enabled, f"{prefix}.enabled")
-        if not 0 <= self.rho <= 1:
-            raise ValueError(f"{prefix}.rho must be in [0, 1], got {self.rho}")
-        if not 0 < self.ema_beta <= 1:
-            raise ValueError(f"{prefix}.ema_beta must be in (0, 1], got {self.ema_beta}")
-        if not self.omega_min > 0:
-            raise ValueError(f"{prefix}.omega_min must be > 0, got {self.omega_min}")
+        check_fields(self, prefix)
         if not self.omega_max >= self.omega_min:
             raise ValueError(
                 f"{prefix}.omega_max must be >= {prefix}.omega_min ({self.omega_min}), got {self.omega_max}"
@@ -168,18 +158,13 @@ class DPOExportConfig:
     """``credit.call_credit.dpo_export``: append ``(context, original AE, counterfactual AE, Delta)``
     pairs of the counterfactual replays to a JSONL file (``verl_credit.dpo_export``)."""
 
-    path: str | None = None
+    path: str | None = setting(None, Text(null="no export"))
     """JSONL file the pairs are appended to (``null``: no export)."""
-    theta_ae: float = 0.0
+    theta_ae: float = setting(0.0, Number(0.0))
     """Only pairs with ``|Delta| > theta_ae``."""
 
     def __post_init__(self) -> None:
-        prefix = "credit.call_credit.dpo_export"
-        _check_finite_fields(self, prefix)
-        if self.path is not None and (not isinstance(self.path, str) or not self.path):
-            raise ValueError(f"{prefix}.path must be a file path or null, got {self.path!r}")
-        if self.theta_ae < 0:
-            raise ValueError(f"{prefix}.theta_ae must be >= 0, got {self.theta_ae}")
+        check_fields(self, "credit.call_credit.dpo_export")
 
     @property
     def enabled(self) -> bool:
@@ -199,49 +184,35 @@ CALL_CREDIT_PARTS: dict[str, type] = {
 class CallCreditConfig:
     """CALL-CREDIT decomposition (DESIGN.md section 4)."""
 
-    mode: str = "mass_conserving"
+    mode: str = setting("mass_conserving", Choice(CALL_CREDIT_MODES))
     """``mass_conserving`` (w = L s / sum L s) or ``paper`` (A_i = A s_i T)."""
-    smoothing: float = 1.0
+    smoothing: float = setting(1.0, WEIGHT)
     """lambda in (deg + lambda); 0 is the seed's literal formula."""
-    gamma: float = 0.95
+    gamma: float = setting(0.95, DISCOUNT)
     """Temporal discount gamma^(T - pos)."""
-    alpha: float = 0.0
+    alpha: float = setting(0.0, SHARE)
     """Token fusion: alpha * A^GRPO + (1 - alpha) * A^call (0 = pure call credit)."""
-    omega: Mapping[str, float] = field(default_factory=lambda: {"AE": 1.0, "IG": 0.6, "RV": 0.4})
+    omega: Mapping[str, float] = setting(
+        rule=Weights(ROLES, Number(0.0, MAX_WEIGHT, low_open=True)), factory=lambda: {"AE": 1.0, "IG": 0.6, "RV": 0.4}
+    )
     """Role weights omega(r)."""
-    rv_reward: str = "off"
+    rv_reward: str = setting("off", Choice(RV_REWARDS))
     """RV self-correction reward: ``off``, ``self_correction`` (+kappa) or ``literal`` (seed formula)."""
-    kappa: float = 0.1
+    kappa: float = setting(0.1, WEIGHT)
     """Size of the RV self-correction reward."""
-    counterfactual: CounterfactualConfig = field(default_factory=CounterfactualConfig)
-    ig_downweight: IGDownweightConfig = field(default_factory=IGDownweightConfig)
-    adaptive_omega: AdaptiveOmegaConfig = field(default_factory=AdaptiveOmegaConfig)
-    dpo_export: DPOExportConfig = field(default_factory=DPOExportConfig)
+    counterfactual: CounterfactualConfig = field(
+        default_factory=CounterfactualConfig, metadata={"rule": Section(CounterfactualConfig)}
+    )
+    ig_downweight: IGDownweightConfig = field(
+        default_factory=IGDownweightConfig, metadata={"rule": Section(IGDownweightConfig)}
+    )
+    adaptive_omega: AdaptiveOmegaConfig = field(
+        default_factory=AdaptiveOmegaConfig, metadata={"rule": Section(AdaptiveOmegaConfig)}
+    )
+    dpo_export: DPOExportConfig = field(default_factory=DPOExportConfig, metadata={"rule": Section(DPOExportConfig)})
 
     def __post_init__(self) -> None:
-        _check_finite_fields(self, "credit.call_credit")
-        if self.mode not in CALL_CREDIT_MODES:
-            raise ValueError(f"credit.call_credit.mode must be one of {CALL_CREDIT_MODES}, got {self.mode!r}")
-        if self.smoothing < 0:
-            raise ValueError(f"credit.call_credit.smoothing must be >= 0, got {self.smoothing}")
-        if not 0 < self.gamma <= 1:
-            raise ValueError(f"credit.call_credit.gamma must be in (0, 1], got {self.gamma}")
-        if not 0 <= self.alpha <= 1:
-            raise ValueError(f"credit.call_credit.alpha must be in [0, 1], got {self.alpha}")
-        missing = [role for role in ROLES if role not in self.omega]
-        if missing:
-            raise ValueError(f"credit.call_credit.omega is missing roles {missing}")
-        for role, value in self.omega.items():
-            if role not in ROLES:
-                raise ValueError(f"credit.call_credit.omega has unknown role {role!r} (roles: {ROLES})")
-            _check_finite(value, f"credit.call_credit.omega.{role}")
-            if not value > 0:
-                raise ValueError(f"credit.call_credit.omega.{role} must be > 0, got {value}")
-        if self.rv_reward not in RV_REWARDS:
-            raise ValueError(f"credit.call_credit.rv_reward must be one of {RV_REWARDS}, got {self.rv_reward!r}")
-        for name, kind in CALL_CREDIT_PARTS.items():
-            if not isinstance(getattr(self, name), kind):
-                raise ValueError(f"credit.call_credit.{name} must be a {kind.__name__}, got {getattr(self, name)!r}")
+        check_fields(self, "credit.call_credit")
         if self.dpo_export.enabled and not self.counterfactual.enabled:
             raise ValueError(
                 "credit.call_credit.dpo_export.path needs credit.call_credit.counterfactual.enabled=true "
@@ -265,73 +236,93 @@ class CallCreditConfig:
 class GiGPOConfig:
     """``credit.gigpo``: GiGPO's episode + anchor-state step advantage (DESIGN.md section 4b)."""
 
-    step_advantage_w: float = 1.0
+    step_advantage_w: float = setting(1.0, WEIGHT)
     """Weight of the step advantage ``A^S`` added to the episode advantage."""
-    gamma: float = 0.95
+    gamma: float = setting(0.95, DISCOUNT)
     """Discount of the step return ``R_i = gamma^(T-1-i) R``."""
-    mode: str = "mean_norm"
+    mode: str = setting("mean_norm", Choice(GIGPO_MODES))
     """``mean_norm`` (``R_i - mean``) or ``mean_std_norm`` (divided by ``std + eps``)."""
-    state: str = "prefix"
+    state: str = setting("prefix", Choice(ANCHOR_STATES))
     """Anchor state: ``prefix`` (the whole message prefix) or ``last_observation``."""
-    eps: float = 1e-6
+    eps: float = setting(1e-6, EPS)
     """Added to the anchor group's std in ``mean_std_norm``."""
 
     def __post_init__(self) -> None:
-        _check_finite_fields(self, "credit.gigpo")
-        if self.mode not in GIGPO_MODES:
-            raise ValueError(f"credit.gigpo.mode must be one of {GIGPO_MODES}, got {self.mode!r}")
-        if self.state not in ANCHOR_STATES:
-            raise ValueError(f"credit.gigpo.state must be one of {ANCHOR_STATES}, got {self.state!r}")
-        if not 0 < self.gamma <= 1:
-            raise ValueError(f"credit.gigpo.gamma must be in (0, 1], got {self.gamma}")
-        if self.step_advantage_w < 0:
-            raise ValueError(f"credit.gigpo.step_advantage_w must be >= 0, got {self.step_advantage_w}")
-        if self.eps <= 0:
-            raise ValueError(f"credit.gigpo.eps must be > 0, got {self.eps}")
+        check_fields(self, "credit.gigpo")
 
 
 @dataclass(frozen=True)
 class TurnRewardConfig:
     """``credit.turn_reward``: per-turn environment rewards with a leave-one-out baseline (DESIGN 4b)."""
 
-    lambda_turn: float = 1.0
+    lambda_turn: float = setting(1.0, WEIGHT)
     """Weight of ``G_i - b_i`` added to the outcome advantage."""
-    gamma: float = 1.0
+    gamma: float = setting(1.0, DISCOUNT)
     """Discount of the turn return ``G_i = sum_{k >= i} gamma^(k-i) r_k``."""
 
     def __post_init__(self) -> None:
-        _check_finite_fields(self, "credit.turn_reward")
-        if self.lambda_turn < 0:
-            raise ValueError(f"credit.turn_reward.lambda_turn must be >= 0, got {self.lambda_turn}")
-        if not 0 < self.gamma <= 1:
-            raise ValueError(f"credit.turn_reward.gamma must be in (0, 1], got {self.gamma}")
+        check_fields(self, "credit.turn_reward")
+
+
+@dataclass(frozen=True)
+class InfoGainConfig:
+    """``credit.info_gain``: InfoPO's turn-level information gain fused with GRPO's advantage
+    (``verl_credit.credit.info_gain``; the defaults are the authors' tau2 recipe)."""
+
+    weight: float = setting(0.1, WEIGHT)
+    """beta: weight of the gated, normalized information-gain advantage (their ``intrinsic_weight``)."""
+    gate_temperature: float = setting(0.05, Number(0.0, MAX_WEIGHT, low_open=True))
+    """T_gate of ``sigmoid(-std of the group's rewards / T_gate)`` (their ``intrinsic_gate_temperature``)."""
+    normalize: bool = setting(True, Switch())
+    """Centre (and scale) the gains within each group (their ``normalize_intrinsic``)."""
+    placeholder: str = setting("No information found.", Text())
+    """Text whose tokens overwrite the feedback in the masked forward pass (their ``observation_placeholder``)."""
+    eps: float = setting(1e-6, EPS)
+    """Added to the stds of the group normalization and of the magnitude ratio."""
+
+    def __post_init__(self) -> None:
+        check_fields(self, "credit.info_gain")
+        if not self.placeholder.strip():
+            raise ValueError(f"credit.info_gain.placeholder must be a non-blank string, got {self.placeholder!r}")
 
 
 #: the plain (one-level) estimator sections of ``credit``: key -> settings class
-SECTIONS: dict[str, type] = {"iapo": IAPOConfig, "gigpo": GiGPOConfig, "turn_reward": TurnRewardConfig}
+SECTIONS: dict[str, type] = {
+    "iapo": IAPOConfig,
+    "gigpo": GiGPOConfig,
+    "turn_reward": TurnRewardConfig,
+    "info_gain": InfoGainConfig,
+}
 
 
 @dataclass(frozen=True)
 class CreditConfig:
     """Everything the estimators need: which one, GRPO normalization, and each method's knobs."""
 
-    estimator: str = "iapo"
+    estimator: str = setting("iapo", Choice(estimator_names))
     """A registered estimator (``verl_credit.estimators``): ``iapo``, ``call_credit``, ``gigpo``,
-    ``turn_reward`` or ``grpo`` (the reference)."""
-    norm_adv_by_std_in_grpo: bool = True
+    ``turn_reward``, ``info_gain`` or ``grpo`` (the reference)."""
+    norm_adv_by_std_in_grpo: bool = setting(True, Switch())
     """Divide by the group std (GRPO) or not (Dr.GRPO); verl's ``algorithm`` key of that name."""
-    epsilon: float = 1e-6
-    """GRPO's std epsilon (verl's default)."""
-    iapo: IAPOConfig = field(default_factory=IAPOConfig)
-    call_credit: CallCreditConfig = field(default_factory=CallCreditConfig)
-    gigpo: GiGPOConfig = field(default_factory=GiGPOConfig)
-    turn_reward: TurnRewardConfig = field(default_factory=TurnRewardConfig)
+    epsilon: float = setting(1e-6, EPS)
+    """GRPO's std epsilon (verl's default); > 0 (0 divides a constant group by zero)."""
+    iapo: IAPOConfig = field(default_factory=IAPOConfig, metadata={"rule": Section(IAPOConfig)})
+    call_credit: CallCreditConfig = field(
+        default_factory=CallCreditConfig, metadata={"rule": Section(CallCreditConfig)}
+    )
+    gigpo: GiGPOConfig = field(default_factory=GiGPOConfig, metadata={"rule": Section(GiGPOConfig)})
+    turn_reward: TurnRewardConfig = field(
+        default_factory=TurnRewardConfig, metadata={"rule": Section(TurnRewardConfig)}
+    )
+    info_gain: InfoGainConfig = field(default_factory=InfoGainConfig, metadata={"rule": Section(InfoGainConfig)})
 
     def __post_init__(self) -> None:
-        _check_finite_fields(self, "credit")
-        names = estimator_names()
-        if self.estimator not in names:
-            raise ValueError(f"credit estimator must be one of {names}, got {self.estimator!r}")
+        if rule_of(CreditConfig, "estimator").problem(self.estimator):
+            raise ValueError(
+                f"credit estimator must be one of {estimator_names()}, got {self.estimator!r} (key credit.estimator, "
+                "which follows algorithm.adv_estimator)"
+            )
+        check_fields(self, "credit")
 
     @classmethod
     def from_mapping(
@@ -342,21 +333,18 @@ class CreditConfig:
         ``ignore`` names top-level keys that belong to other consumers (the trainer's ``credit``
         node also holds ``annotator``, ``user``, ``env``, ``layout``).
         """
-        merged: dict[str, Any] = {k: v for k, v in dict(values or {}).items() if k not in ignore}
+        merged: dict[str, Any] = {k: v for k, v in mapping_of(values, "credit").items() if k not in ignore}
         merged.update(overrides)
         sections = {
-            name: build_section(kind, merged.pop(name, None) or {}, f"credit.{name}") for name, kind in SECTIONS.items()
+            name: build_section(kind, merged.pop(name, None), f"credit.{name}") for name, kind in SECTIONS.items()
         }
-        call_credit_values = dict(merged.pop("call_credit", None) or {})
-        if "omega" in call_credit_values:
+        call_credit_values = mapping_of(merged.pop("call_credit", None), "credit.call_credit")
+        if isinstance(call_credit_values.get("omega"), Mapping):
             call_credit_values["omega"] = dict(call_credit_values["omega"])
         for name, kind in CALL_CREDIT_PARTS.items():
-            if name in call_credit_values:
+            if name in call_credit_values and not isinstance(call_credit_values[name], kind):
                 part = call_credit_values[name]
-                if not isinstance(part, kind):
-                    if part is not None and not isinstance(part, Mapping):
-                        raise ValueError(f"credit.call_credit.{name} must be a mapping, got {part!r}")
-                    call_credit_values[name] = build_section(kind, part or {}, f"credit.call_credit.{name}")
+                call_credit_values[name] = build_section(kind, part, f"credit.call_credit.{name}")
         call_credit = build_section(CallCreditConfig, call_credit_values, "credit.call_credit")
         top = {f.name for f in fields(cls)} - {"call_credit", *SECTIONS}
         unknown = sorted(set(merged) - top)
@@ -365,34 +353,20 @@ class CreditConfig:
         return cls(call_credit=call_credit, **sections, **merged)
 
 
-def _check_finite(value: Any, key: str) -> None:
-    """A number must be finite: NaN passes no comparison check and inf passes many (``>= 0``)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return
-    if not math.isfinite(value):
-        raise ValueError(f"{key} must be a finite number, got {value}")
+def mapping_of(value: Any, key: str) -> dict[str, Any]:
+    """``value`` as a dict (``None``: empty); anything but a mapping raises ``ValueError`` naming ``key``."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{key} must be a mapping, got {value!r}")
+    return dict(value)
 
 
-def _check_finite_fields(section: Any, prefix: str) -> None:
-    """:func:`_check_finite` on every numeric field of a config dataclass, naming ``prefix.field``."""
-    for item in fields(section):
-        _check_finite(getattr(section, item.name), f"{prefix}.{item.name}")
-
-
-def _check_switch(value: Any, key: str) -> None:
-    if not isinstance(value, bool):
-        raise ValueError(f"{key} must be true or false, got {value!r}")
-
-
-def _check_count(value: Any, key: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{key} must be an integer, got {value!r}")
-
-
-def build_section(kind: type, values: Mapping[str, Any], prefix: str) -> Any:
+def build_section(kind: type, values: Mapping[str, Any] | None, prefix: str) -> Any:
     """``kind(**values)`` for a config dataclass; unknown keys raise ``ValueError`` naming ``prefix.key``."""
+    values = mapping_of(values, prefix)
     names = {f.name for f in fields(kind)}
-    unknown = sorted(set(values) - names)
+    unknown = sorted(set(values) - names, key=str)
     if unknown:
         raise ValueError(f"unknown key(s) {', '.join(f'{prefix}.{k}' for k in unknown)}; known: {sorted(names)}")
-    return kind(**dict(values))
+    return kind(**values)

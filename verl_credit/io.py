@@ -3,9 +3,13 @@
 The reader is strict about what JSON may carry (every problem is an :class:`InputError` whose
 text names ``file:line``): the file must be UTF-8, strings may not hold lone surrogates,
 ``NaN``/``Infinity`` tokens and numbers that do not fit a finite float are refused, and values
-may nest at most :data:`MAX_DEPTH` levels deep. The writer replaces a regular file atomically,
-writes through a symlink to its target and writes in place into a device or FIFO (it never
-replaces a special file with a regular one).
+may nest at most :data:`MAX_DEPTH` levels deep, and a line may hold at most
+:data:`MAX_LINE_CHARS` characters (a longer one -- or a "file" such as ``/dev/zero`` that never
+ends its line -- is refused as soon as the limit is read, so memory stays bounded). A record's
+``turn_rewards`` are checked here too (:func:`verl_credit.estimators.needs.turn_reward_problem`).
+The writer replaces a regular file atomically, writes through a symlink to its target and writes
+in place into a device or FIFO (it never replaces a special file with a regular one).
+:func:`check_distinct_files` refuses an output that is the same file as an input.
 """
 
 from __future__ import annotations
@@ -21,14 +25,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from verl_credit.estimators.needs import TURN_REWARDS_KEY, turn_reward_problem
 from verl_credit.trajectory import Trajectory, TrajectoryError
 
 __all__ = [
     "MAX_DEPTH",
+    "MAX_LINE_CHARS",
     "InputError",
     "OutputError",
     "RolloutReader",
     "RolloutScan",
+    "check_distinct_files",
     "count_lines",
     "group_key",
     "group_keys",
@@ -42,6 +49,10 @@ __all__ = [
 
 #: deepest nesting of arrays/objects accepted in one line (a transcript needs about 6)
 MAX_DEPTH = 64
+#: the most characters one line may hold (256 Mi; a 48,000-action transcript is a 19 MB line). Reading
+#: stops there, so an endless line (``--input /dev/zero``) costs about twice this much memory (the
+#: text and its decoding buffer) and then a ``file:line`` error, never more
+MAX_LINE_CHARS = 256 * 2**20
 # a decimal integer with more digits cannot be a finite float (float max is about 1.8e308)
 _MAX_INT_DIGITS = 309
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -191,16 +202,29 @@ def _open_text(path: str | Path):
         raise InputError(path, None, f"cannot open: {exc.strerror or exc}") from None
 
 
+def _read_line(handle: Any, path: str | Path, number: int) -> str:
+    """The next line of ``handle`` (``""`` at the end), at most :data:`MAX_LINE_CHARS` characters
+    plus its newline; a longer line raises :class:`InputError` naming ``path:number`` once the
+    limit is read, so an endless line never grows memory past it."""
+    limit = MAX_LINE_CHARS
+    try:
+        line = handle.readline(limit + 1)
+    except OSError as exc:
+        raise InputError(path, number, f"cannot read: {exc.strerror or exc}") from None
+    if len(line) > limit and not line.endswith("\n"):
+        raise InputError(
+            path, number, f"line longer than {limit:,} characters (the most one line may hold); is this a JSONL file?"
+        )
+    return line
+
+
 def iter_jsonl(path: str | Path) -> Iterator[tuple[int, Any]]:
     """Yield ``(line_number, object)`` for every non-blank line (1-based line numbers)."""
     handle = _open_text(path)
     with handle:
         number = 0
         while True:
-            try:
-                line = handle.readline()
-            except OSError as exc:
-                raise InputError(path, number + 1, f"cannot read: {exc.strerror or exc}") from None
+            line = _read_line(handle, path, number + 1)
             if not line:
                 return
             number += 1
@@ -215,12 +239,19 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, Any]]:
 
 
 def count_lines(path: str | Path) -> int:
-    """Number of non-blank lines (for progress bars)."""
+    """Number of non-blank lines (for progress bars), read in pieces of at most 64 KiB: a file of
+    one endless line costs one piece of memory."""
+    count, content = 0, False  # content: the line being read has a non-blank character
     try:
-        with open(path, encoding="utf-8", errors="surrogateescape") as handle:
-            return sum(1 for line in handle if line.strip())
+        with open(path, "rb") as handle:
+            while piece := handle.readline(1 << 16):
+                content = content or bool(piece.decode("utf-8", "surrogateescape").strip())
+                if piece.endswith(b"\n"):
+                    count += content
+                    content = False
     except OSError:
         return 0
+    return count + content
 
 
 def load_trajectories(path: str | Path) -> Iterator[tuple[int, Trajectory]]:
@@ -237,6 +268,9 @@ def _load_records(path: str | Path) -> Iterator[tuple[int, Any, Trajectory]]:
             raise InputError(path, number, str(exc)) from None
         except (RecursionError, OverflowError, TypeError, ValueError) as exc:  # safety net: never a traceback
             raise InputError(path, number, f"unusable record ({type(exc).__name__}: {exc})") from None
+        problem = turn_reward_problem(trajectory.extra.get(TURN_REWARDS_KEY), trajectory.num_actions)
+        if problem is not None:
+            raise InputError(path, number, problem)
         yield number, record, trajectory
 
 
@@ -335,10 +369,7 @@ def scan_rollouts(path: str | Path, progress: Callable[[int], Any] | None = None
     with handle:
         number = 0
         while True:
-            try:
-                line = handle.readline()
-            except OSError as exc:
-                raise InputError(path, number + 1, f"cannot read: {exc.strerror or exc}") from None
+            line = _read_line(handle, path, number + 1)
             if not line:
                 break
             number += 1
@@ -385,6 +416,54 @@ def _record_facts(line: str) -> tuple[str, float, int] | None:
         return group_key(record), reward, actions
     except Exception:  # anything odd is the strict reader's to report
         return None
+
+
+#: a flag and the path it was given (``None``: the flag was not given)
+NamedPath = tuple[str, "str | Path | None"]
+
+
+def _file_identity(path: str | Path) -> tuple[Any, ...] | None:
+    """What tells files apart: ``(st_dev, st_ino)`` of an existing regular file (through
+    symlinks; a hard link shares it), the resolved path of one that does not exist yet, ``None``
+    for a device, FIFO or directory (writing to ``/dev/null`` twice replaces nothing)."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return ("new", os.path.realpath(path))
+    except OSError:
+        return None  # unreadable: the reader or the writer names the problem
+    if not stat.S_ISREG(info.st_mode):
+        return None
+    return ("file", info.st_dev, info.st_ino)
+
+
+def check_distinct_files(inputs: Iterable[NamedPath], outputs: Iterable[NamedPath]) -> None:
+    """Refuse an output (or a cache) that is the same file as an input or as another output.
+
+    Each entry is ``(flag, path)``, e.g. ``("--input", "rollouts.jsonl")``. Two paths name the same
+    file when they share ``st_dev`` and ``st_ino`` -- another spelling, a symlink or a hard link
+    -- or, for files not created yet, the same resolved path. Devices and FIFOs may be named
+    more than once (``--input /dev/stdin --out /dev/stdout`` on one terminal).
+
+    Raises:
+        OutputError: naming the output, its flag and the flag it collides with, before anything
+            is read or written.
+    """
+    seen: dict[tuple[Any, ...], tuple[str, str, bool]] = {}  # identity -> (flag, path, is an input)
+    for entries, is_input in ((inputs, True), (outputs, False)):
+        for flag, path in entries:
+            if path is None or str(path) == "":
+                continue
+            identity = _file_identity(path)
+            if identity is None:
+                continue
+            if identity in seen:
+                other_flag, other_path, other_is_input = seen[identity]
+                if is_input:
+                    continue  # reading one file twice (e.g. --input and --rollouts) is fine
+                what = "an input would be overwritten" if other_is_input else "two outputs cannot share one file"
+                raise OutputError(path, f"{flag} is the same file as {other_flag} {other_path}: {what}")
+            seen[identity] = (flag, str(path), is_input)
 
 
 def write_jsonl(path: str | Path, records: Iterable[dict[str, Any]]) -> int:

@@ -28,6 +28,11 @@ kind               retried    what happened
 ``no_message``     no         a JSON answer without ``choices[0].message``
 =================  =========  =================================================================
 
+Bodies are read with a size cap: at most :data:`MAX_BODY_BYTES`, counted on the wire and again
+after decoding (:func:`read_body`, :func:`decode_body`; only ``gzip`` and ``deflate`` are asked
+for, since their decoded size can be bounded while decoding), so neither an endless body nor a
+gzip bomb can grow memory past it; an oversized or undecodable body is a ``transport`` failure.
+
 The wait before retry ``k`` is the answer's ``Retry-After`` (seconds or an HTTP date) capped at
 ``retry_after_max_s`` when given, else the exponential backoff ``min(backoff_s * 2**(k-1),
 backoff_max_s)`` (with ``jitter``, drawn from its upper half). After the last attempt, or on a final
@@ -47,11 +52,13 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import itertools
+import json
 import logging
 import math
 import random
 import re
 import time
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -59,11 +66,14 @@ from typing import Any
 import httpx
 
 __all__ = [
+    "ACCEPT_ENCODING",
     "DEFAULT_RETRY",
+    "MAX_BODY_BYTES",
     "RETRY_TABLE",
     "ChatCompletionError",
     "ReplyText",
     "RetryPolicy",
+    "decode_body",
     "first_message",
     "log_reasoning_fallback",
     "make_async_client",
@@ -72,11 +82,21 @@ __all__ = [
     "parse_retry_after",
     "post_chat_completion",
     "post_chat_completion_sync",
+    "read_body",
+    "read_body_sync",
     "reply_text",
     "status_failure",
     "strip_thinking",
     "transport_failure",
 ]
+
+#: the most bytes of one response body read, on the wire and after decoding (a chat completion or a
+#: model list is kilobytes): a larger body -- a broken or hostile server, a gzip bomb -- is a
+#: ``transport`` failure, never held in memory
+MAX_BODY_BYTES = 32 * 2**20
+#: the encodings the clients ask for: those whose decoded size :func:`decode_body` can bound
+ACCEPT_ENCODING = "gzip, deflate"
+_INFLATE_STEP = 2**20  # bytes inflated per step
 
 #: kind of a failed attempt -> (retried, says that the endpoint is unwell). The endpoint half is read by
 #: clients with several endpoints (the LLM annotator cools such an endpoint down); a final answer
@@ -229,27 +249,150 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
-def _error_text(response: httpx.Response, limit: int = 200) -> str:
-    text = response.text[:limit]
-    return f"HTTP {response.status_code}: {text}" if text else f"HTTP {response.status_code}"
+def _too_large(response: httpx.Response, limit: int, what: str) -> httpx.DecodingError:
+    return httpx.DecodingError(f"response body over {limit} bytes ({what})", request=response.request)
 
 
-def _outcome(url: str, response: httpx.Response) -> tuple[dict[str, Any] | None, ChatCompletionError | None]:
+def _inflate(raw: bytes, wbits: int, limit: int) -> bytes:
+    """``raw`` inflated, at most ``limit`` bytes produced (``ValueError`` past it). Inflated a
+    megabyte at a time: a bomb is dropped holding ``limit`` bytes, not twice that."""
+    inflater = zlib.decompressobj(wbits)
+    pieces: list[bytes] = []
+    size = 0
+    pending = raw
+    while not inflater.eof:
+        piece = inflater.decompress(pending, _INFLATE_STEP)
+        pending = inflater.unconsumed_tail
+        size += len(piece)
+        if size > limit:
+            raise ValueError(f"decoded body over {limit} bytes")
+        pieces.append(piece)
+        if not piece and not pending:
+            raise zlib.error("incomplete compressed body")
+    return b"".join(pieces)
+
+
+def decode_body(raw: bytes, encoding: str | None, limit: int = MAX_BODY_BYTES) -> bytes:
+    """``raw`` undone from its ``Content-Encoding`` (``identity``, ``gzip``, ``deflate``; several in
+    order), producing at most ``limit`` bytes.
+
+    Raises:
+        httpx.DecodingError: an encoding other than those, a body that does not decode, or a
+            decoded body over ``limit`` bytes (a gzip bomb stops there).
+    """
+    data = raw
+    names = [part.strip().lower() for part in (encoding or "").split(",") if part.strip()]
+    for name in reversed(names):
+        try:
+            if name == "identity":
+                continue
+            if name in ("gzip", "x-gzip"):
+                data = _inflate(data, 16 + zlib.MAX_WBITS, limit)
+            elif name == "deflate":
+                try:
+                    data = _inflate(data, zlib.MAX_WBITS, limit)
+                except zlib.error:
+                    data = _inflate(data, -zlib.MAX_WBITS, limit)  # raw deflate, as some servers send it
+            else:
+                raise httpx.DecodingError(f"unsupported Content-Encoding {name!r} (asked for {ACCEPT_ENCODING})")
+        except (zlib.error, ValueError) as exc:
+            raise httpx.DecodingError(f"cannot decode the {name} body: {exc}") from None
+    if len(data) > limit:
+        raise httpx.DecodingError(f"response body over {limit} bytes")
+    return data
+
+
+async def read_body(response: httpx.Response, limit: int = MAX_BODY_BYTES) -> bytes:
+    """The decoded body of a response sent with ``stream=True``, read a chunk at a time and
+    refused (``httpx.DecodingError``) as soon as it passes ``limit`` bytes on the wire or after
+    decoding (:func:`decode_body`). A response already in memory (a mock transport) is checked."""
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in response.aiter_raw():
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(response, limit, "on the wire")
+            chunks.append(chunk)
+    except httpx.StreamConsumed:  # built in memory, already decoded
+        if len(response.content) > limit:
+            raise _too_large(response, limit, "in memory") from None
+        return response.content
+    return decode_body(b"".join(chunks), response.headers.get("content-encoding"), limit)
+
+
+def read_body_sync(response: httpx.Response, limit: int = MAX_BODY_BYTES) -> bytes:
+    """The blocking twin of :func:`read_body`."""
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        for chunk in response.iter_raw():
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(response, limit, "on the wire")
+            chunks.append(chunk)
+    except httpx.StreamConsumed:
+        if len(response.content) > limit:
+            raise _too_large(response, limit, "in memory") from None
+        return response.content
+    return decode_body(b"".join(chunks), response.headers.get("content-encoding"), limit)
+
+
+def _body_text(body: bytes, limit: int) -> str:
+    return body[: limit * 4].decode("utf-8", "replace")[:limit]
+
+
+def _error_text(status: int, body: bytes, limit: int = 200) -> str:
+    text = _body_text(body, limit)
+    return f"HTTP {status}: {text}" if text else f"HTTP {status}"
+
+
+def _outcome(url: str, status: int, body: bytes) -> tuple[dict[str, Any] | None, ChatCompletionError | None]:
     """``(json, None)`` for a usable answer, else ``(None, error)`` (retried per :data:`RETRY_TABLE`)."""
-    status = response.status_code
     kind = status_failure(status)
     if kind is None:
         try:
-            data = response.json()
-        except ValueError:
-            return None, ChatCompletionError(f"invalid JSON body: {response.text[:200]}", "bad_response", status)
+            data = json.loads(body)
+        except (ValueError, RecursionError):
+            return None, ChatCompletionError(f"invalid JSON body: {_body_text(body, 200)}", "bad_response", status)
         if not isinstance(data, dict):
-            message = f"{url} answered non-object JSON: {response.text[:200]}"
+            message = f"{url} answered non-object JSON: {_body_text(body, 200)}"
             return None, ChatCompletionError(message, "no_message", status)
         return data, None
     if RetryPolicy.retried(kind):
-        return None, ChatCompletionError(_error_text(response), kind, status)
-    return None, ChatCompletionError(f"{url} answered {_error_text(response, 300)}", kind, status)
+        return None, ChatCompletionError(_error_text(status, body), kind, status)
+    return None, ChatCompletionError(f"{url} answered {_error_text(status, body, 300)}", kind, status)
+
+
+def _request_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
+    """The request's own headers, asking for bounded encodings only unless the caller chose."""
+    merged = dict(headers or {})
+    if not any(name.lower() == "accept-encoding" for name in merged):
+        merged["Accept-Encoding"] = ACCEPT_ENCODING
+    return merged
+
+
+async def _exchange(
+    client: httpx.AsyncClient, url: str, body: Mapping[str, Any], headers: dict[str, str], extra: dict[str, Any]
+) -> tuple[int, httpx.Headers, bytes]:
+    """One POST: ``(status, headers, decoded body)``, the body read with the size cap."""
+    request = client.build_request("POST", url, json=dict(body), headers=headers, **extra)
+    response = await client.send(request, stream=True)
+    try:
+        return response.status_code, response.headers, await read_body(response)
+    finally:
+        await response.aclose()
+
+
+def _exchange_sync(
+    client: httpx.Client, url: str, body: Mapping[str, Any], headers: dict[str, str], extra: dict[str, Any]
+) -> tuple[int, httpx.Headers, bytes]:
+    request = client.build_request("POST", url, json=dict(body), headers=headers, **extra)
+    response = client.send(request, stream=True)
+    try:
+        return response.status_code, response.headers, read_body_sync(response)
+    finally:
+        response.close()
 
 
 def _transport_error(error: httpx.HTTPError) -> ChatCompletionError:
@@ -279,6 +422,7 @@ async def post_chat_completion(
             ``"<url> answered HTTP <status>: <body>"`` at once for a non-retryable answer.
     """
     extra: dict[str, Any] = {"timeout": timeout_s} if timeout_s is not None else {}
+    sent_headers = _request_headers(headers)
     last: ChatCompletionError | None = None
     retry_after: float | None = None
     for attempt in range(retry.max_retries + 1):
@@ -286,17 +430,17 @@ async def post_chat_completion(
             await asyncio.sleep(retry.delay(attempt, retry_after))
         retry_after = None
         try:
-            response = await client.post(url, json=dict(body), headers=dict(headers or {}), **extra)
+            status, answer_headers, answer = await _exchange(client, url, body, sent_headers, extra)
         except httpx.HTTPError as error:
             last = _transport_error(error)
             continue
-        data, last = _outcome(url, response)
+        data, last = _outcome(url, status, answer)
         if data is not None:
             return data
         assert last is not None
         if not RetryPolicy.retried(last.kind):
             raise last
-        retry_after = parse_retry_after(response.headers.get("retry-after"))
+        retry_after = parse_retry_after(answer_headers.get("retry-after"))
     assert last is not None
     raise _final(url, retry.max_retries + 1, last)
 
@@ -312,6 +456,7 @@ def post_chat_completion_sync(
 ) -> dict[str, Any]:
     """The blocking twin of :func:`post_chat_completion` (same retries, waits and errors)."""
     extra: dict[str, Any] = {"timeout": timeout_s} if timeout_s is not None else {}
+    sent_headers = _request_headers(headers)
     last: ChatCompletionError | None = None
     retry_after: float | None = None
     for attempt in range(retry.max_retries + 1):
@@ -319,17 +464,17 @@ def post_chat_completion_sync(
             time.sleep(retry.delay(attempt, retry_after))
         retry_after = None
         try:
-            response = client.post(url, json=dict(body), headers=dict(headers or {}), **extra)
+            status, answer_headers, answer = _exchange_sync(client, url, body, sent_headers, extra)
         except httpx.HTTPError as error:
             last = _transport_error(error)
             continue
-        data, last = _outcome(url, response)
+        data, last = _outcome(url, status, answer)
         if data is not None:
             return data
         assert last is not None
         if not RetryPolicy.retried(last.kind):
             raise last
-        retry_after = parse_retry_after(response.headers.get("retry-after"))
+        retry_after = parse_retry_after(answer_headers.get("retry-after"))
     assert last is not None
     raise _final(url, retry.max_retries + 1, last)
 

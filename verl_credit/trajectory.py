@@ -4,8 +4,12 @@ A trajectory is one rollout of one task. Its *actions* are the assistant message
 trainable unit); every other message is an *observation*. Provenance links each observation to
 the action it came from:
 
-* a tool result belongs to the action whose tool call produced it (matched by
-  ``tool_call_id``; without an id, the closest preceding action that made a tool call);
+* a tool result belongs to the action whose tool call produced it: the nearest preceding call
+  with its ``tool_call_id`` that no earlier result answered (some providers reuse ids within one
+  conversation, e.g. ``call_0`` in every turn); when every such call is answered, the nearest
+  preceding call with that id; without an id (or an id no call has), the next unanswered call of
+  the closest preceding action that made a tool call. ``Observation.call_position`` says which
+  of that action's calls it answers;
 * a user reply belongs to the closest preceding assistant action that *asked* (text that
   addresses the user with a question or a request, see :func:`asks_user`), provided no
   other user message came in between; otherwise it is an unelicited (direct) user input.
@@ -108,6 +112,7 @@ class Observation:
     after_action: int
     tool_call_id: str | None = None
     tool_name: str | None = None
+    call_position: int | None = None  # tool results: which of the source action's tool calls it answers
 
 
 @dataclass
@@ -151,7 +156,7 @@ class Trajectory:
             raise TrajectoryError("messages", f"expected a list of messages, got {type(messages).__name__}")
         actions: list[Action] = []
         observations: list[Observation] = []
-        call_owner: dict[str, int] = {}
+        pairing = _ToolResultPairing()
         last_tool_action: int | None = None
         last_asking_action: int | None = None  # cleared once a user message consumed it
         assistant_positions = [
@@ -171,9 +176,7 @@ class Trajectory:
             if role == "assistant":
                 index = len(actions)
                 tool_calls = _parse_tool_calls(message.get("tool_calls"), f"{where}.tool_calls")
-                for call in tool_calls:
-                    if call.id:
-                        call_owner[call.id] = index
+                pairing.add_action(index, tool_calls)
                 draft = Action(index, message_index, content, tool_calls, 0)
                 length = (
                     int(action_token_lengths[index])
@@ -191,10 +194,10 @@ class Trajectory:
                 tool_name = message.get("name")
                 if tool_name is not None and not isinstance(tool_name, str):
                     raise TrajectoryError(f"{where}.name", f"expected a string, got {type(tool_name).__name__}")
-                source = call_owner.get(call_id) if call_id else None
-                if source is None:
-                    source = last_tool_action
-                observations.append(Observation(message_index, role, content, source, len(actions), call_id, tool_name))
+                source, position = pairing.answer(call_id, last_tool_action)
+                observations.append(
+                    Observation(message_index, role, content, source, len(actions), call_id, tool_name, position)
+                )
             elif role == "user":
                 observations.append(Observation(message_index, role, content, last_asking_action, len(actions)))
                 last_asking_action = None
@@ -256,6 +259,60 @@ class Trajectory:
 
 
 _RECORD_KEYS = ("id", "uid", "reward", "messages", "action_token_lengths", "graph")
+
+
+class _ToolResultPairing:
+    """Which tool call each tool result answers, in one pass over the messages (module docstring).
+
+    Linear: each call is queued once under its id and once under its action; each result removes
+    at most one queue entry (answered entries are dropped lazily from the queue heads).
+    """
+
+    def __init__(self) -> None:
+        self.open_by_id: dict[str, list[tuple[int, int]]] = {}  # id -> unanswered (action, position), in order
+        self.latest_by_id: dict[str, tuple[int, int]] = {}
+        self.open_by_action: dict[int, list[int]] = {}  # action -> unanswered positions, in order
+        self.answered: set[tuple[int, int]] = set()
+
+    def add_action(self, action: int, calls: tuple[ToolCall, ...]) -> None:
+        if not calls:
+            return
+        self.open_by_action[action] = list(range(len(calls)))
+        for position, call in enumerate(calls):
+            if call.id:
+                self.open_by_id.setdefault(call.id, []).append((action, position))
+                self.latest_by_id[call.id] = (action, position)
+
+    def _take(self, key: tuple[int, int]) -> tuple[int, int]:
+        self.answered.add(key)
+        return key
+
+    def answer(self, call_id: str | None, last_tool_action: int | None) -> tuple[int | None, int | None]:
+        """``(action, call position)`` of the call a result with ``call_id`` answers."""
+        if call_id:
+            queue = self.open_by_id.get(call_id)
+            while queue and queue[-1] in self.answered:
+                queue.pop()
+            if queue:
+                # the nearest preceding action with an unanswered call of this id; its first such call
+                latest_action = queue[-1][0]
+                k = len(queue) - 1
+                chosen = k
+                while k >= 0 and queue[k][0] == latest_action:
+                    if queue[k] not in self.answered:
+                        chosen = k
+                    k -= 1
+                return self._take(queue.pop(chosen))
+            if call_id in self.latest_by_id:
+                return self.latest_by_id[call_id]  # every call of this id was answered: a repeated result
+        if last_tool_action is None:
+            return None, None
+        free = self.open_by_action.get(last_tool_action, [])
+        while free and (last_tool_action, free[0]) in self.answered:
+            free.pop(0)
+        if free:
+            return self._take((last_tool_action, free.pop(0)))
+        return last_tool_action, 0
 
 
 def asks_user(text: str) -> bool:

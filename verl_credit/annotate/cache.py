@@ -110,7 +110,8 @@ class GraphCache:
     * a corrupted, truncated or non-database file is moved aside to ``<path>.corrupt-<timestamp>``
       (with its ``-wal``/``-shm`` files), logged with both names, counted in :attr:`rebuilt`, and
       an empty cache is built in its place (at open, or when a read or write first meets it);
-    * a ``path`` that is a directory raises ``ValueError`` naming it;
+    * a ``path`` that is a directory, a FIFO, a socket or a device raises ``ValueError`` naming
+      it (before sqlite opens it: no journal file is created beside it);
     * a read-only location (the directory or the file not writable, a read-only mount) is opened
       read-only: hits are served, writes are skipped (:attr:`read_only`, counted in
       :attr:`skipped_writes`, logged once). A missing file in an unwritable directory is an empty
@@ -130,6 +131,12 @@ class GraphCache:
             raise ValueError(
                 f"annotation cache path {str(self.path)!r} is a directory; pass a database file path "
                 f"(e.g. {str(self.path / 'graphs.sqlite')!r})"
+            )
+        if self.path.exists() and not self.path.is_file():
+            # sqlite would open a FIFO (blocking) or a device and write its journal beside it
+            raise ValueError(
+                f"annotation cache path {str(self.path)!r} is not a regular file (a FIFO, socket or device); "
+                "pass a database file path"
             )
         self.busy_timeout_s = busy_timeout_s
         self.synchronous = synchronous.upper()

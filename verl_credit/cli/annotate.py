@@ -34,12 +34,23 @@ from verl_credit.annotate import defaults as annotator_defaults
 from verl_credit.annotate.base import AnnotationResult, AnnotationStats, Annotator, graph_from_record
 from verl_credit.annotate.factory import build_annotator
 from verl_credit.cli.graph_problems import GraphProblems
-from verl_credit.io import RolloutReader, count_lines, write_jsonl
+from verl_credit.config_rules import MAX_COUNT, MAX_RETRIES, MAX_SECONDS, MAX_TOKENS, Number
+from verl_credit.io import RolloutReader, check_distinct_files, count_lines, write_jsonl
 from verl_credit.pipeline import close_loop
 from verl_credit.trajectory import Trajectory
 
 LLM_ANNOTATORS = ("llm", "hybrid")
 _LLM_NUMBERS = ("timeout", "max_retries", "deadline", "max_model_len", "max_prompt_tokens")
+#: what each numeric annotator flag accepts (the ranges of the trainer's ``credit.annotator.*``):
+#: a timeout or deadline of inf, nan, 0 or less would disable the limit or fail every request
+_FLAG_RULES: dict[str, Number] = {
+    "concurrency": Number(1, MAX_COUNT, integer=True),
+    "timeout": Number(0.0, MAX_SECONDS, low_open=True),
+    "max_retries": Number(0, MAX_RETRIES, integer=True),
+    "deadline": Number(0.0, MAX_SECONDS, low_open=True),
+    "max_model_len": Number(0, MAX_TOKENS, integer=True, zero="no context budget"),
+    "max_prompt_tokens": Number(1, MAX_TOKENS, integer=True),
+}
 
 
 def _any_set(args: argparse.Namespace, names: tuple[str, ...]) -> bool:
@@ -114,8 +125,17 @@ def add_annotator_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def check_annotator_flags(args: argparse.Namespace) -> None:
+    """Refuse a numeric annotator flag outside its range (``--timeout inf`` would never time out)."""
+    for name, rule in _FLAG_RULES.items():
+        value = getattr(args, name)
+        if value is not None and rule.problem(value):
+            raise ValueError(f"--{name.replace('_', '-')} must be {rule.describe()}, got {value}")
+
+
 def build_cli_annotator(args: argparse.Namespace) -> Annotator:
     """The annotator the flags describe, wrapped in the cache when ``--cache`` is given."""
+    check_annotator_flags(args)
     options: dict[str, Any] = {}
     if args.annotator in LLM_ANNOTATORS:
         flags = {
@@ -136,8 +156,6 @@ def build_cli_annotator(args: argparse.Namespace) -> Annotator:
             f"--base-url/--model/--timeout/--max-retries/--deadline/--fallback/--max-model-len/--max-prompt-tokens/"
             f"--trust-env apply to the llm and hybrid annotators, not {args.annotator!r}"
         )
-    if args.concurrency is not None and args.concurrency < 1:
-        raise ValueError(f"--concurrency must be >= 1, got {args.concurrency}")
     annotator = build_annotator(args.annotator, cache_path=args.cache or None, **options)
     if args.concurrency is not None:
         annotator.concurrency = args.concurrency
@@ -323,6 +341,7 @@ def _is_regular_file(path: str) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_distinct_files([("--input", args.input)], [("--out", args.out), ("--cache", args.cache)])
     annotator = build_cli_annotator(args)
     tools = _rule_tools(annotator)
     total = count_lines(args.input) if _is_regular_file(args.input) else None  # a pipe is read once

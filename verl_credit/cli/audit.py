@@ -21,6 +21,7 @@ from verl_credit.annotate.audit import (
     load_rollout_lengths,
 )
 from verl_credit.config import IAPOConfig
+from verl_credit.io import check_distinct_files
 
 _IAPO = IAPOConfig()
 
@@ -44,6 +45,8 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    inputs = [("reference", args.reference), *(("graphs", path) for path in args.others), ("--rollouts", args.rollouts)]
+    check_distinct_files(inputs, [("--json", args.json_path)])
     lengths = load_rollout_lengths(args.rollouts) if args.rollouts else None
     sets = [load_graph_set(path, lengths) for path in [args.reference, *args.others]]
     rows = audit_graph_sets(sets, lengths, IAPOConfig(beta_plus=args.beta_plus, clip_c=args.clip_c))

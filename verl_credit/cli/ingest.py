@@ -7,8 +7,8 @@ import json
 import sys
 from typing import Any
 
-from verl_credit.ingest import FORMATS, ingest_log
-from verl_credit.io import write_jsonl
+from verl_credit.ingest import FORMATS, stream_ingest
+from verl_credit.io import check_distinct_files, write_jsonl
 
 
 def add_parser(subparsers: Any) -> None:
@@ -37,12 +37,13 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    records, stats = ingest_log(args.input, args.format)
-    write_jsonl(args.out, records)
+    check_distinct_files([("--input", args.input)], [("--out", args.out), ("--stats", args.stats)])
+    records, stats = stream_ingest(args.input, args.format)  # built one at a time as they are written
+    count = write_jsonl(args.out, records)
     if args.stats:
         with open(args.stats, "w", encoding="utf-8") as handle:
             json.dump(stats.to_json(), handle, indent=2)
-    print(f"wrote {len(records)} trajectories to {args.out}", file=sys.stderr)
+    print(f"wrote {count} trajectories to {args.out}", file=sys.stderr)
     print(stats.summary_line(args.input), file=sys.stderr)
     print(stats.summary(), file=sys.stderr)
     for note in notes(stats.issues, args.input, args.max_notes):

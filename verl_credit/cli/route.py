@@ -22,16 +22,31 @@ from tqdm import tqdm
 
 from verl_credit.anchor_states import ANCHOR_STATES
 from verl_credit.annotate.base import AnnotationStats
-from verl_credit.cli.annotate import add_annotator_arguments, build_cli_annotator
+from verl_credit.cli.annotate import add_annotator_arguments, build_cli_annotator, check_annotator_flags
 from verl_credit.cli.graph_problems import GraphProblems, print_graph_problems
-from verl_credit.config import CallCreditConfig, CreditConfig, GiGPOConfig, IAPOConfig, TurnRewardConfig
+from verl_credit.config import (
+    CallCreditConfig,
+    CreditConfig,
+    GiGPOConfig,
+    IAPOConfig,
+    InfoGainConfig,
+    TurnRewardConfig,
+)
 from verl_credit.credit.call_credit import CALL_CREDIT_MODES
 from verl_credit.credit.gigpo import GIGPO_MODES
 from verl_credit.credit.grpo import WIDE_SCORE
 from verl_credit.credit.iapo import NEG_ROUTES
 from verl_credit.credit_records import credit_records
 from verl_credit.estimators import estimator_names, get_estimator
-from verl_credit.io import InputError, RolloutReader, RolloutScan, read_rollouts, scan_rollouts, write_jsonl
+from verl_credit.io import (
+    InputError,
+    RolloutReader,
+    RolloutScan,
+    check_distinct_files,
+    read_rollouts,
+    scan_rollouts,
+    write_jsonl,
+)
 from verl_credit.metrics import compute_credit_metrics, count_redundant_tool_calls
 from verl_credit.pipeline import RoutedBatch, route_stream, route_trajectories
 
@@ -45,17 +60,29 @@ MEMORY_NOTE = (
     "is routed in memory as a whole (about 9-10x its size); sort it by uid to stream it."
 )
 
+#: what ``--estimator info_gain`` reads (also in ``--help``)
+INFO_GAIN_NOTE = (
+    "--estimator info_gain needs each line's information_gains: one number or null per action, the "
+    "teacher-forced gain in log-probability of the next action from the feedback after this action (what the "
+    "trainer measures with a masked forward pass); a line without it gets GRPO's credit, and the file is routed "
+    "as one batch (the estimator's magnitude ratio is batch-wide)."
+)
+
 _IAPO = IAPOConfig()
 _CALL = CallCreditConfig()
 _GIGPO = GiGPOConfig()
 _TURN = TurnRewardConfig()
+_INFO = InfoGainConfig()
 
 
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "route",
         help=f"route trajectory advantages to actions ({', '.join(estimator_names())})",
-        description="Read a rollouts JSONL, build or read graphs, write per-action credit JSONL. " + MEMORY_NOTE,
+        description="Read a rollouts JSONL, build or read graphs, write per-action credit JSONL. "
+        + INFO_GAIN_NOTE
+        + " "
+        + MEMORY_NOTE,
     )
     parser.add_argument("--input", required=True, help="rollouts JSONL (DESIGN.md section 8)")
     parser.add_argument("--out", required=True, help="credit JSONL to write")
@@ -75,6 +102,15 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--gigpo-state", choices=ANCHOR_STATES, default=_GIGPO.state, help="anchor state key")
     parser.add_argument("--turn-lambda", type=float, default=_TURN.lambda_turn, help="turn_reward lambda_turn")
     parser.add_argument("--turn-gamma", type=float, default=_TURN.gamma, help="turn_reward discount")
+    # info_gain reads each line's "information_gains" (a number or null per action: the teacher-forced
+    # log-prob gain of the next action from the feedback after this one); lines without it get GRPO credit
+    parser.add_argument("--info-weight", type=float, default=_INFO.weight, help="info_gain weight (beta)")
+    parser.add_argument(
+        "--info-gate-temperature", type=float, default=_INFO.gate_temperature, help="info_gain variance-gate T"
+    )
+    parser.add_argument(
+        "--info-no-normalize", action="store_true", help="info_gain: raw gains (no per-group normalization)"
+    )
     parser.set_defaults(run=run)
 
 
@@ -90,10 +126,15 @@ def build_config(args: argparse.Namespace) -> CreditConfig:
             step_advantage_w=args.gigpo_w, gamma=args.gigpo_gamma, mode=args.gigpo_mode, state=args.gigpo_state
         ),
         turn_reward=TurnRewardConfig(lambda_turn=args.turn_lambda, gamma=args.turn_gamma),
+        info_gain=InfoGainConfig(
+            weight=args.info_weight, gate_temperature=args.info_gate_temperature, normalize=not args.info_no_normalize
+        ),
     )
 
 
 def run(args: argparse.Namespace) -> int:
+    check_distinct_files([("--input", args.input)], [("--out", args.out), ("--cache", args.cache)])
+    check_annotator_flags(args)
     config = build_config(args)
     _check_rereadable(args.input)
     with tqdm(desc="scan", unit="line", file=sys.stderr, disable=None) as bar:
@@ -110,6 +151,8 @@ def run(args: argparse.Namespace) -> int:
         )
         return _run_in_memory(args, config, scan.lines)
     if scan.max_abs_reward >= WIDE_SCORE:  # float64 scores: see pipeline.route_group
+        return _run_in_memory(args, config, scan.lines)
+    if get_estimator(config.estimator).couples_groups:  # batch-level statistics: the file is one batch
         return _run_in_memory(args, config, scan.lines)
     return _run_streaming(args, config, scan)
 

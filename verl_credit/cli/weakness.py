@@ -34,11 +34,13 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from verl_credit.io import check_distinct_files
     from verl_credit.report.weakness import compute_weakness_report, format_weakness_report
     from verl_credit.report.weakness_input import call_summaries, load_run
 
     if args.examples < 0:
         raise ValueError(f"--examples must be >= 0, got {args.examples}")
+    check_distinct_files([("--input", args.input), ("--rollouts", args.rollouts)], [("--json", args.json)])
     summaries = call_summaries(args.rollouts) if args.rollouts else None
     report = compute_weakness_report(load_run(args.input, summaries), examples=args.examples)
     print(format_weakness_report(report))

@@ -42,7 +42,7 @@ class FormatError(RecordError):
     """
 
 
-@dataclass
+@dataclass(slots=True)  # no per-call __dict__: a log may hold millions of calls
 class ModelCall:
     """One API request/response pair (one line of the gateway log).
 

@@ -23,20 +23,27 @@
    no logged call generated, e.g. injected history); ``token_accounting.per_request`` = sum over
    calls of prompt + completion tokens (one training row per request), ``prefix_merged`` = the
    leaf's prompt + completion tokens (one merged row).
+
+Memory: a session of n calls re-sends O(n^2) messages. The reader holds each distinct message
+once (:mod:`verl_credit.ingest.interning`), each message is hashed once (:class:`_Digests`: by
+object), the prefix hashes of a request are computed when its parent is looked up and dropped
+after, and :func:`iter_trajectories` builds one trajectory record at a time, in output order --
+so what is held grows with the distinct content plus one pointer per logged message, never with
+the re-sent text.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from verl_credit.ingest.model_call import ModelCall, canonical_message, loose_canonical_message
 from verl_credit.ingest.records import RewardRecord
 
-__all__ = ["IngestStats", "build_trajectories"]
+__all__ = ["IngestStats", "build_trajectories", "iter_trajectories"]
 
 
 @dataclass
@@ -99,13 +106,45 @@ class IngestStats:
         )
 
 
+class _Digests:
+    """``sha256`` of :func:`canonical_message` (``strict``) and :func:`loose_canonical_message`
+    (``loose``) of each message object, computed once: the reader hands the same (interned)
+    objects back with every call that re-sends them. Each digested message is kept referenced
+    here, so its ``id`` is never reused while the cache lives."""
+
+    def __init__(self) -> None:
+        self._strict: dict[int, tuple[Any, bytes]] = {}
+        self._loose: dict[int, tuple[Any, bytes]] = {}
+
+    def strict(self, message: dict[str, Any] | None) -> bytes:
+        return self._digest(message, self._strict, canonical_message)
+
+    def loose(self, message: dict[str, Any] | None) -> bytes:
+        return self._digest(message, self._loose, loose_canonical_message)
+
+    @staticmethod
+    def _digest(
+        message: dict[str, Any] | None,
+        cache: dict[int, tuple[Any, bytes]],
+        canonical: Callable[[dict[str, Any] | None], str],
+    ) -> bytes:
+        known = cache.get(id(message))
+        if known is not None and known[0] is message:
+            return known[1]
+        digest = _digest_of(canonical(message))
+        cache[id(message)] = (message, digest)
+        return digest
+
+
+_EMPTY_CHAIN = hashlib.sha256(b"").digest()
+
+
 @dataclass(eq=False)  # nodes are compared by identity: equal content may be distinct calls
 class _Node:
     call: ModelCall
-    prefix_hashes: list[str]  # hash of the first k request messages, k = 0..len
-    loose_hashes: list[str]  # the same with id-carrying tool-call messages keyed by their ids
-    continuation: str  # hash of request + response
-    loose_continuation: str
+    request_hash: bytes  # hash of the request messages (the end of its strict prefix chain)
+    continuation: bytes  # hash of request + response
+    loose_continuation: bytes  # the same with id-carrying tool-call messages keyed by their ids
     attempts: int = 1
     parent: _Node | None = None
     children: list[_Node] = field(default_factory=list)
@@ -114,27 +153,38 @@ class _Node:
         return self.call.order, self.call.line
 
 
-def _chain(messages: list[dict[str, Any]], canonical: Callable[[dict[str, Any] | None], str]) -> list[str]:
-    hashes = [hashlib.sha256(b"").hexdigest()]
+def _chain(messages: list[dict[str, Any]], digest: Callable[[dict[str, Any] | None], bytes]) -> list[bytes]:
+    """Hash of the first k messages, k = 0..len (computed when needed, not kept)."""
+    hashes = [_EMPTY_CHAIN]
     for message in messages:
-        hashes.append(_step(hashes[-1], message, canonical))
+        hashes.append(_step(hashes[-1], digest(message)))
     return hashes
 
 
-def _step(previous: str, message: dict[str, Any] | None, canonical: Callable[[dict[str, Any] | None], str]) -> str:
-    return hashlib.sha256((previous + "\x00" + canonical(message)).encode("utf-8")).hexdigest()
+def _chain_end(messages: list[dict[str, Any]], digest: Callable[[dict[str, Any] | None], bytes]) -> bytes:
+    value = _EMPTY_CHAIN
+    for message in messages:
+        value = _step(value, digest(message))
+    return value
 
 
-def _node(call: ModelCall) -> _Node:
-    strict = _chain(call.request_messages, canonical_message)
-    loose = _chain(call.request_messages, loose_canonical_message)
+def _step(previous: bytes, digest: bytes) -> bytes:
+    return hashlib.sha256(previous + digest).digest()
+
+
+def _node(call: ModelCall, digests: _Digests, request_hash: bytes) -> _Node:
+    loose = _chain_end(call.request_messages, digests.loose)
+    # a response object is hashed once (a later request re-sends an equal copy, not it): not cached
     return _Node(
         call,
-        strict,
-        loose,
-        _step(strict[-1], call.response, canonical_message),
-        _step(loose[-1], call.response, loose_canonical_message),
+        request_hash,
+        _step(request_hash, _digest_of(canonical_message(call.response))),
+        _step(loose, _digest_of(loose_canonical_message(call.response))),
     )
+
+
+def _digest_of(text: str) -> bytes:
+    return hashlib.sha256(text.encode("utf-8")).digest()
 
 
 def _drop_duplicates(nodes: list[_Node], stats: IngestStats) -> list[_Node]:
@@ -157,20 +207,26 @@ def _pick(candidates: list[_Node] | None, child: _Node) -> _Node | None:
     return min(pool, key=lambda c: (len(c.children), c.sort_key())) if pool else None
 
 
-def _link(nodes: list[_Node], stats: IngestStats) -> None:
+def _link(nodes: list[_Node], stats: IngestStats, digests: _Digests) -> None:
     """Step 4: parent = a node whose request + response is the longest prefix of this request,
-    compared by content, else by the tool-call ids of the re-sent reply."""
-    strict: dict[str, list[_Node]] = defaultdict(list)
-    loose: dict[str, list[_Node]] = defaultdict(list)
+    compared by content, else by the tool-call ids of the re-sent reply (unless a provider reused
+    those ids for different replies: then they identify none of them)."""
+    strict: dict[bytes, list[_Node]] = defaultdict(list)
+    loose: dict[bytes, list[_Node]] = defaultdict(list)
     for node in nodes:
         strict[node.continuation].append(node)
         loose[node.loose_continuation].append(node)
     for node in nodes:  # in log order, so that equal candidates are shared out in turn
-        for k in range(len(node.prefix_hashes) - 1, 0, -1):
-            parent = _pick(strict.get(node.prefix_hashes[k]), node)
+        prefix_hashes = _chain(node.call.request_messages, digests.strict)
+        loose_hashes = _chain(node.call.request_messages, digests.loose)
+        for k in range(len(prefix_hashes) - 1, 0, -1):
+            parent = _pick(strict.get(prefix_hashes[k]), node)
             by_ids = parent is None
             if by_ids:
-                parent = _pick(loose.get(node.loose_hashes[k]), node)
+                candidates = loose.get(loose_hashes[k])
+                if candidates and len({c.continuation for c in candidates if c is not node}) > 1:
+                    candidates = None  # a reused tool_call id names several different replies: it links nothing
+                parent = _pick(candidates, node)
             if parent is not None:
                 node.parent = parent
                 parent.children.append(node)
@@ -181,9 +237,9 @@ def _link(nodes: list[_Node], stats: IngestStats) -> None:
 def _drop_retries(nodes: list[_Node], stats: IngestStats) -> list[_Node]:
     """Step 5: of sibling calls with the same request keep the continued ones, else the last
     (preferring one that is not flagged); then drop flagged leaves whose parent went on elsewhere."""
-    siblings: dict[tuple[int, str], list[_Node]] = defaultdict(list)
+    siblings: dict[tuple[int, bytes], list[_Node]] = defaultdict(list)
     for node in nodes:
-        siblings[(id(node.parent) if node.parent is not None else 0, node.prefix_hashes[-1])].append(node)
+        siblings[(id(node.parent) if node.parent is not None else 0, node.request_hash)].append(node)
     dropped: set[int] = set()
     for group in siblings.values():
         continued = [n for n in group if n.children]
@@ -303,21 +359,35 @@ def build_trajectories(
     calls: Sequence[ModelCall], rewards: Sequence[RewardRecord], stats: IngestStats | None = None
 ) -> tuple[list[dict[str, Any]], IngestStats]:
     """Rollout records (section 8 plus ``session_id``/``calls``/``token_accounting``) and counts."""
+    records, stats = iter_trajectories(calls, rewards, stats)
+    return list(records), stats
+
+
+def iter_trajectories(
+    calls: Sequence[ModelCall], rewards: Sequence[RewardRecord], stats: IngestStats | None = None
+) -> tuple[Iterator[dict[str, Any]], IngestStats]:
+    """Like :func:`build_trajectories`, but the records come one at a time, in output order (each
+    is built when it is asked for). ``stats.trajectories`` and every count of steps 1-5 are set
+    at once; the token accounting, ``missing_rewards`` and ``unlogged_assistant_messages`` are
+    complete once the records are exhausted."""
     stats = stats or IngestStats()
+    digests = _Digests()
     reward_of = {r.session_id: r for r in rewards}
     partitions: dict[str | None, list[_Node]] = defaultdict(list)
-    sent: dict[tuple[str | None, str], int] = defaultdict(int)  # times each request was sent
+    sent: dict[tuple[str | None, bytes], int] = defaultdict(int)  # times each request was sent
     for call in calls:
-        sent[(call.session_id, call.request_key())] += 1
+        request_hash = _chain_end(call.request_messages, digests.strict)
+        sent[(call.session_id, request_hash)] += 1
         _count_call(call, stats)
         if call.ok:
-            partitions[call.session_id].append(_node(call))
+            partitions[call.session_id].append(_node(call, digests, request_hash))
     seen_sessions = set()
-    out: list[tuple[tuple[float, int], dict[str, Any]]] = []
+    # (sort key, leaf, trajectory id, session id): each record is built from these when written
+    planned: list[tuple[tuple[float, int], _Node, str, str | None]] = []
     anonymous = 0
     for session_id, nodes in partitions.items():
         kept = _drop_duplicates(nodes, stats)
-        _link(kept, stats)
+        _link(kept, stats, digests)
         kept = _drop_retries(kept, stats)
         _set_attempts(kept, session_id, sent)
         roots = [n for n in kept if n.parent is None]
@@ -327,10 +397,9 @@ def build_trajectories(
             stats.sessions += 1
             stats.branched_sessions += int(len(leaves) > 1)
             for k, leaf in enumerate(leaves, start=1):
-                path = _path(leaf)
+                first = _root(leaf).call
                 trajectory_id = session_id if len(leaves) == 1 else f"{session_id}#{k}"
-                record = _trajectory(path, trajectory_id, session_id, reward_of.get(session_id), stats)
-                out.append(((path[0].call.order, path[0].call.line), record))
+                planned.append(((first.order, first.line), leaf, trajectory_id, session_id))
             continue
         for root in roots:  # without ids every tree is its own session
             anonymous += 1
@@ -344,22 +413,31 @@ def build_trajectories(
             for k, leaf in enumerate(leaves, start=1):
                 base = f"session-{anonymous}"
                 trajectory_id = base if len(leaves) == 1 else f"{base}#{k}"
-                out.append(
-                    ((root.call.order, root.call.line), _trajectory(_path(leaf), trajectory_id, None, None, stats))
-                )
+                planned.append(((root.call.order, root.call.line), leaf, trajectory_id, None))
     stats.orphan_rewards = len(set(reward_of) - seen_sessions)
-    out.sort(key=lambda item: item[0])
-    records = [record for _, record in out]
-    stats.trajectories = len(records)
-    return records, stats
+    planned.sort(key=lambda item: item[0])  # stable: the order the sessions and leaves were found in
+    stats.trajectories = len(planned)
+
+    def records() -> Iterator[dict[str, Any]]:
+        for _, leaf, trajectory_id, session_id in planned:
+            reward = reward_of.get(session_id) if session_id is not None else None
+            yield _trajectory(_path(leaf), trajectory_id, session_id, reward, stats)
+
+    return records(), stats
 
 
-def _set_attempts(kept: list[_Node], session_id: str | None, sent: dict[tuple[str | None, str], int]) -> None:
+def _root(node: _Node) -> _Node:
+    while node.parent is not None:
+        node = node.parent
+    return node
+
+
+def _set_attempts(kept: list[_Node], session_id: str | None, sent: dict[tuple[str | None, bytes], int]) -> None:
     """Attempts of a kept call: the times its request was sent, less the other kept calls with
     the same request (branches or identical rollouts are not attempts of each other)."""
-    kept_with: dict[str, int] = defaultdict(int)
+    kept_with: dict[bytes, int] = defaultdict(int)
     for node in kept:
-        kept_with[node.call.request_key()] += 1
+        kept_with[node.request_hash] += 1
     for node in kept:
-        key = node.call.request_key()
+        key = node.request_hash
         node.attempts = max(1, sent[(session_id, key)] - (kept_with[key] - 1))
