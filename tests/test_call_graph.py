@@ -224,11 +224,11 @@ def test_long_distance_read_to_edit_edge() -> None:
 
 
 def test_symbol_reference_links_a_read_to_an_edit() -> None:
-    # the probe names parse_header (a distinctive symbol) but no path; the edit removes a line using it
+    # the search names parse_header_line (no path of the edited file); the edit changes its definition
     messages = [
         {"role": "user", "content": "x"},
-        assistant(tc("a", "Bash", {"command": "python -c 'import hdr; print(hdr.parse_header(\"x\"))'"})),
-        tool("a", "None"),
+        assistant(tc("a", "Grep", {"pattern": "parse_header"})),
+        tool("a", "defined in the header module: def parse_header(raw): ..."),
         assistant(
             tc(
                 "b",
@@ -236,16 +236,15 @@ def test_symbol_reference_links_a_read_to_an_edit() -> None:
                 {
                     "command": "str_replace",
                     "path": "/w/hdr/core.py",
-                    "old_str": "    k, v = parse_header_line(line)",
-                    "new_str": "    k, v = parse_header_line(line, strict=False)",
+                    "old_str": "def parse_header_line(line):\n    k, v = line.split(':')",
+                    "new_str": "def parse_header_line(line, strict=True):\n    k, v = line.split(':', 1)",
                 },
             )
         ),
         tool("b", "The file /w/hdr/core.py has been edited."),
     ]
     graph = build_call_graph(Trajectory.from_messages(messages))
-    # the python -c probe is ambiguous; the position prior (first call) makes it IG
-    assert graph.roles == (IG, AE) and graph.ambiguous == (True, False)
+    assert graph.roles == (IG, AE) and graph.ambiguous == (False, False)
     assert edges_of(graph) == set()  # parse_header != parse_header_line: whole-word match only
     messages[2]["content"] = "('x', '') from parse_header_line"
     graph = build_call_graph(Trajectory.from_messages(messages))
@@ -301,22 +300,30 @@ def openhands_transcript() -> list[dict]:
     ]
 
 
-def test_ambiguous_script_runs_use_the_position_prior() -> None:
+def test_reproduction_script_runs_are_verification_whatever_they_print() -> None:
     graph = build_call_graph(Trajectory.from_messages(openhands_transcript()))
-    # c (reproduction) printed a traceback: a script run whose output holds one is RV (issue 12);
-    # e (re-run) prints no verdict: ambiguous, it follows an AE call, so the prior says RV;
-    # the finish call has no role of its own and no next call -> IG.
+    # c (reproduction) printed a traceback, e (re-run) prints no verdict: both run the script the
+    # trajectory wrote, so both are RV; the finish call has no role of its own and no next call -> IG.
+    assert graph.roles == (IG, AE, RV, AE, RV, IG)
+    assert graph.ambiguous == (False,) * 6
+    assert edges_of(graph) == {
+        (0, 3, "IG->AE"),
+        (1, 2, "AE->RV"),  # the reproduction script, to the runs that execute it
+        (1, 4, "AE->RV"),
+        (2, 3, "RV->AE"),  # its traceback named query.py, which call 3 edited
+        (3, 4, "AE->RV"),
+    }
+
+
+def test_ambiguous_script_runs_use_the_position_prior() -> None:
+    messages = openhands_transcript()
+    # e runs a script the trajectory did not write and whose output checks nothing: undecided; it
+    # follows an AE call, so the position prior says RV
+    messages[9]["tool_calls"][0]["function"]["arguments"] = json.dumps({"command": "cd /w && python tools/load.py"})
+    graph = build_call_graph(Trajectory.from_messages(messages))
     assert graph.roles == (IG, AE, RV, AE, RV, IG)
     assert graph.ambiguous == (False, False, False, False, True, False)
     assert graph.reported_roles() == [IG, AE, RV, AE, None, IG]
-    assert edges_of(graph) == {
-        (0, 3, "IG->AE"),
-        (1, 2, "AE->RV"),  # the reproduction script ran after it was created
-        (2, 3, "RV->AE"),  # its traceback named query.py, which call 3 edited
-        (3, 4, "AE->RV"),
-        # no 1 -> 4 edge: call 3 is an AE with known, different files -> does not block, so 1 -> 4 holds too
-        (1, 4, "AE->RV"),
-    }
 
 
 def test_llm_classifier_decides_ambiguous_calls_but_keeps_the_flag() -> None:
@@ -331,13 +338,15 @@ def test_llm_classifier_decides_ambiguous_calls_but_keeps_the_flag() -> None:
         )
 
     classifier = OpenAIRoleClassifier("http://stub/v1", "m", transport=httpx.MockTransport(handler))
-    graph = build_call_graph(Trajectory.from_messages(openhands_transcript()), classifier=classifier)
+    messages = openhands_transcript()
+    messages[9]["tool_calls"][0]["function"]["arguments"] = json.dumps({"command": "cd /w && python tools/load.py"})
+    graph = build_call_graph(Trajectory.from_messages(messages), classifier=classifier)
     assert len(asked) == 1  # only the ambiguous call goes to the model (call 2's traceback decided it)
     assert graph.roles == (IG, AE, RV, AE, IG, IG)
     assert graph.ambiguous == (False, False, False, False, True, False)
     # now call 4 is a read: no AE -> RV edges into it
     assert not {e for e in edges_of(graph) if e[1] == 4}
-    facts = analyze_calls(Trajectory.from_messages(openhands_transcript()), classifier=classifier)
+    facts = analyze_calls(Trajectory.from_messages(messages), classifier=classifier)
     assert facts[4].source == "llm" and facts[2].source == "rules"
 
 

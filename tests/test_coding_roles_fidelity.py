@@ -123,7 +123,9 @@ def test_a_script_whose_output_holds_test_results_or_a_traceback_is_verification
     "output", ["Inserted 5000 rows\n", "2024-01-01 00:00:00+00:00\n", "Error count: 0\n", "Failed requests: none\n"]
 )
 def test_a_script_whose_output_checks_nothing_stays_undecided(output: str) -> None:
-    assert classify_tool_call("bash", {"command": "python reproduce.py"}, output).ambiguous
+    # a script the trajectory did not write and whose name says nothing: its output decides, and
+    # this output checks nothing (a reproduction or check script is RV whatever it prints)
+    assert classify_tool_call("bash", {"command": "python tools/seed_db.py"}, output).ambiguous
 
 
 SUBMISSIONS = [
@@ -173,7 +175,9 @@ def test_redirections_that_stay_edits_and_those_that_do_not(command: str, role: 
 
 def test_a_script_run_saving_its_output_is_not_an_edit() -> None:
     decision = classify_tool_call("bash", {"command": "python reproduce.py > out.txt 2>&1"}, "")
-    assert decision.role is None and decision.ambiguous  # a program run: not an edit of out.txt
+    assert decision.role == RV and not decision.ambiguous  # a reproduction run, not an edit of out.txt
+    decision = classify_tool_call("bash", {"command": "python tools/seed_db.py > out.txt 2>&1"}, "")
+    assert decision.role is None and decision.ambiguous  # an unknown program run: still not an edit
 
 
 def django_run() -> list[dict]:

@@ -61,8 +61,9 @@ def test_rules_decide_at_least_80_percent_and_are_95_percent_correct() -> None:
             wrong.append((row["id"], row["label"], decision.role, decision.reason))
     coverage = decided / len(rows)
     accuracy = correct / decided
-    # Measured on the 145 labelled calls: 133 decided (91.7%), 130/133 correct; the 3 others are
-    # reproduction scripts printing a traceback, labelled IG here, RV under issue 12's rule.
+    # Measured on the 145 labelled calls: 140 decided (96.6%), 134/140 agree with the labels; the
+    # 6 others are reproduction scripts and python -c probes, labelled IG here and RV under the
+    # rule that a run checking behaviour is verification whatever it prints.
     assert coverage >= 0.80, f"rules decide only {coverage:.1%}"
     assert accuracy >= 0.95, f"accuracy {accuracy:.1%} on decided calls; wrong: {wrong}"
 
@@ -70,8 +71,8 @@ def test_rules_decide_at_least_80_percent_and_are_95_percent_correct() -> None:
 @pytest.mark.parametrize(
     ("tool", "arguments"),
     [
-        ("Bash", {"command": "python /tmp/repro.py"}),  # a script: reproduce (IG) or verify (RV)?
-        ("shell", {"command": ["bash", "-lc", "python - <<'PY'\nprint(1)\nPY"]}),
+        ("Bash", {"command": "python tools/seed_db.py"}),  # a script the trajectory did not write: what does it do?
+        ("shell", {"command": ["bash", "-lc", "python tools/bump_version.py --minor"]}),
         ("execute_bash", {"command": "node scripts/migrate.js"}),
         ("Bash", {"command": "sed -i 's/a/b/' x.py && pytest -q"}),  # an edit and a test in one line
         ("Bash", {"command": "cd /repo"}),  # no evidence at all

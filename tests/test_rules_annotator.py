@@ -149,7 +149,8 @@ def test_reusing_a_value_named_in_an_error_gives_a_failed_use_edge() -> None:
 
 def test_value_resupplied_by_the_user_after_the_error_is_not_a_failed_use() -> None:
     # Same error, but a1 asks and the user repeats "#W99" -> a2 get_order(#W99) is a repeat of the
-    # failing call (0->2 '-') AND takes #W99 from the reply elicited by a1 (1->2 '+ input').
+    # failing call (0->2 '-'); the reply only restates what the opening request gave, so #W99 is
+    # a direct input of a2, not a '+' edge from a1 (the earliest supply wins, DESIGN.md 2.1).
     messages = [
         {"role": "user", "content": "status of #W99?"},
         *tool_action("c1", "get_order", {"order_id": "#W99"}, "Error: order #W99 not found"),
@@ -158,7 +159,8 @@ def test_value_resupplied_by_the_user_after_the_error_is_not_a_failed_use() -> N
         *tool_action("c2", "get_order", {"order_id": "#W99"}, {"order_id": "#W99", "status": "pending"}),
     ]
     graph = trace_rules(Trajectory.from_messages(messages)).raw_graph
-    assert edge_set(graph) == {(0, 2, "-", "failed_utilization"), (1, 2, "+", "input")}
+    assert edge_set(graph) == {(0, 2, "-", "failed_utilization")}
+    assert graph["direct_user_inputs"] == {"0": 1, "2": 1}
 
 
 def test_generic_error_on_a_multi_argument_call_is_uncertain_when_reused() -> None:

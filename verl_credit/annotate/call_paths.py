@@ -16,7 +16,9 @@ What the causal call graph matches on:
 
 from __future__ import annotations
 
+import builtins
 import fnmatch
+import keyword
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -32,6 +34,7 @@ from verl_credit.annotate.shell import (
 from verl_credit.trajectory import ToolCall
 
 __all__ = [
+    "edit_failed",
     "extract_paths",
     "is_glob",
     "listing_directory",
@@ -220,16 +223,34 @@ def _argument_paths(arguments: Mapping[str, Any]) -> set[str]:
     return {p for p in paths if p}
 
 
-def _distinctive(identifier: str) -> bool:
-    """Symbols worth matching: long enough and not a plain English word (has ``_`` or camelCase)."""
-    return len(identifier) >= 4 and ("_" in identifier.strip("_") or bool(re.search(r"[a-z][A-Z]", identifier)))
+#: names that never identify what an edit changes: builtins and keywords, test-framework names,
+#: generic method names
+_NOT_SYMBOLS = (
+    frozenset(dir(builtins))
+    | frozenset(keyword.kwlist)
+    | frozenset(
+        """self cls setUp tearDown setUpClass tearDownClass setUpModule tearDownModule TestCase pytest fixture
+    parametrize mock patch main run test tests init call args kwargs value result data
+    unittest conftest""".split()
+    )
+)
 
 
-def _symbols(text: str) -> set[str]:
-    """Definitions (``def x``, ``class X``...) and distinctive identifiers of ``text``."""
-    names = set(_DEFINITION.findall(text or ""))
-    names |= {s for s in _IDENTIFIER.findall(text or "") if _distinctive(s)}
-    return {n for n in names if len(n) >= 4}
+def _is_symbol(name: str, file_stems: set[str]) -> bool:
+    """A defined name that can identify a change: not a builtin, keyword or test-framework name, not
+    a dunder, not an exception class name, not a file's stem, at least 4 characters."""
+    return (
+        len(name) >= 4
+        and name not in _NOT_SYMBOLS
+        and not (name.startswith("__") and name.endswith("__"))
+        and not name.endswith(("Error", "Exception", "Warning"))
+        and name not in file_stems
+    )
+
+
+def _defined_symbols(text: str, file_stems: set[str]) -> set[str]:
+    """Names ``text`` defines (``def x``, ``class X``, ``fn x``, ``func x``, ...) that are symbols."""
+    return {name for name in _DEFINITION.findall(text or "") if _is_symbol(name, file_stems)}
 
 
 _EDIT_TEXT_KEYS = (
@@ -331,15 +352,41 @@ def _patch_targets(text: str) -> set[str]:
     return found
 
 
-def _edited_symbols(call: ToolCall) -> set[str]:
+def _edited_symbols(call: ToolCall, edited_paths: Iterable[str] = ()) -> set[str]:
+    """The symbols an edit defines or changes: the ``def``/``class``/... names in its old and new
+    text (for a patch, in its changed and context lines), except names that identify nothing
+    (:func:`_is_symbol`; a file's stem such as ``__init__`` of ``__init__.py`` included)."""
     texts = []
     for key in _EDIT_TEXT_KEYS:
         texts.extend(_string_values(call.arguments.get(key)))
-    removed = []
+    changed = []
     for text in texts:
         lines = text.split("\n")
         if any(line.startswith(("*** Begin Patch", "@@", "--- ")) for line in lines):
-            removed.extend(line[1:] for line in lines if line.startswith(("-", " ")) and not line.startswith("---"))
+            changed.extend(
+                line[1:] for line in lines if line[:1] in ("-", "+", " ") and not line.startswith(("---", "+++"))
+            )
         else:
-            removed.append(text)
-    return _symbols("\n".join(removed))
+            changed.append(text)
+    stems = {p.rsplit("/", 1)[-1].split(".", 1)[0] for p in edited_paths}
+    return _defined_symbols("\n".join(changed), stems)
+
+
+#: an edit that did not happen: the editor refused it, sed or patch failed, the heredoc broke, a
+#: non-zero exit status
+_EDIT_FAILED = re.compile(
+    r"NOT been applied|[Nn]o replacement was performed|did not appear verbatim|[Nn]o changes (were )?made|"
+    r"^sed: |sed: -e expression|^patch: \*\*\*\*|Hunk #\d+ FAILED|patch does not apply|error: patch failed|"
+    r"corrupt patch|here-document at line \d+ delimited by end-of-file|unexpected EOF while looking for|"
+    r"syntax error near unexpected token|[Cc]ommand not found|No such file or directory|Permission denied|"
+    r"Traceback \(most recent call last\)|^(?:Error|ERROR)[:!]|<returncode>[1-9]\d*</returncode>|"
+    r"\"?(?:exit_code|returncode)\"?: [1-9]|exit code [1-9]\d*\]|Invalid `\w+` parameter|"
+    r"is not a valid (?:path|file|command)|"
+    r"^usage: |file already exists",
+    re.MULTILINE,
+)
+
+
+def edit_failed(result: str) -> bool:
+    """True when an edit's result says it did not happen (see :data:`_EDIT_FAILED`)."""
+    return bool(result) and bool(_EDIT_FAILED.search(result))

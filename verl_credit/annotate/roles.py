@@ -21,8 +21,17 @@ Signals, strongest first:
    test in one command line is ambiguous;
 3. **content** of the result, only when 1-2 did not decide: test-runner output -> RV; a diff or a
    write confirmation -> AE; line-numbered file contents -> IG. A program run the command line
-   cannot classify (``python script.py``, ``python -c``, ``node x.js``) is RV when its output holds
-   test results or a traceback (it checks behaviour: a reproduction, a hand-written test).
+   cannot classify (``python script.py``, ``node x.js``) is RV when its output holds test results
+   or a traceback, or when it runs a script an earlier call of the trajectory wrote (a
+   reproduction, a hand-written test). Reproduction / check scripts by name (``reproduce.py``,
+   ``check_fix.py``) and ``python -c`` probes are RV whatever they print (a probe that only looks
+   something up -- ``__file__``, ``inspect.getsource`` -- is IG); builds and type checks
+   (``make``, ``gcc``, ``cargo build``, ``mypy``, ``tsc``) are RV.
+
+Scaffolds that write their commands in the message text (a fenced block, SWE-agent 0.x's
+``open``/``edit N:M``/..., AutoCodeRover's ``search_class(...)`` and patch blocks, OpenHands CodeAct
+``<execute_bash>``) are read like tool calls (:mod:`verl_credit.annotate.text_commands`): same
+roles, paths and graph; their result is the next observation.
 
 A call without tool calls (plain reasoning / answer) and a call whose only tools are planning tools
 (``TodoWrite``, ``update_plan``, ``think``, ``submit``...) inherits the role of the next call, else IG.
@@ -39,12 +48,18 @@ nothing. What an edit *writes* are its targets (``cp SRC DEST`` writes ``DEST`` 
 ``python -c`` program that rewrites files writes the project paths it quotes).
 
 
-* ``IG -> AE``: the AE call edits a path (or a distinctive symbol) that appeared in the IG call's
-  arguments or result;
+* ``IG -> AE``: the AE call edits a path (or a symbol it defines or changes: a ``def``/``class``
+  name of its old or new text, not a builtin, keyword, exception or test-framework name, nor a
+  file's stem) that appeared in the IG call's arguments or result;
 * ``AE -> RV``: the RV call runs after the AE call and before the next AE call that touches the
-  same files, or the RV output names a path the AE edited;
+  same files, or the RV output names a path the AE edited; the edit of a script the trajectory
+  runs (a scratch reproduction) links only to the runs that execute it;
 * ``RV -> AE``: a later AE call (before the next RV call, whose output supersedes this one) edits
   a path named in the RV call's failure output (self-correction).
+
+A failed edit (the editor refused it, ``sed`` or ``patch`` failed, the heredoc broke, a non-zero
+exit) edits nothing: no edge into or out of it, and it hides no later test run from the edit
+before it. Every edge names its unit: an edit whose files are unknown links to no test.
 
 Path matching is by path components: ``src/app.py`` matches ``/repo/src/app.py`` and ``app.py``
 (a bare name matches any file of that name); globs (``lib/*.pm``) match with ``fnmatch``.
@@ -71,6 +86,7 @@ from verl_credit.annotate.call_paths import (
     _edited_symbols,
     _matching,
     _string_values,
+    edit_failed,
     extract_paths,
     is_glob,
     listing_directory,
@@ -94,8 +110,15 @@ from verl_credit.annotate.shell import (
     _words,
     classify_shell_command,
     classify_simple_command,
+    executed_scripts,
     parse_shell,
     shell_script_of,
+)
+from verl_credit.annotate.text_commands import (
+    OpenFileTracker,
+    parse_text_commands,
+    strip_scaffold_status,
+    update_open_file,
 )
 from verl_credit.call_graph import CallEdge, CallGraph
 from verl_credit.trajectory import Action, Observation, ToolCall, Trajectory
@@ -147,11 +170,14 @@ PLANNING_TOOLS = _words(
 IG_TOOLS = _words(
     "read read_file read_many_files view view_file open open_file goto scroll_up scroll_down search search_dir "
     "search_file search_file_content search_files find_file find grep glob ls list_dir list_directory list_files cat "
-    "webfetch web_fetch websearch web_search google_web_search notebookread codebase_search file_search"
+    "webfetch web_fetch websearch web_search google_web_search notebookread codebase_search file_search browse "
+    # AutoCodeRover's search API
+    "search_class search_class_in_file search_method search_method_in_file search_method_in_class search_code "
+    "search_code_in_file get_code_around_line"
 )
 AE_TOOLS = _words(
     "edit multiedit write write_file create create_file apply_patch str_replace replace insert edit_file notebookedit "
-    "delete_file move_file rename_file patch search_replace"
+    "delete_file move_file rename_file patch search_replace write_patch"
 )
 RV_TOOLS = _words("run_tests run_test pytest test run_pytest run_unit_tests run_checks")
 
@@ -293,26 +319,43 @@ def classify_tool_call(name: str, arguments: Mapping[str, Any], result: str = ""
 
 
 def _results_by_call(action: Action, observations: Sequence[Observation]) -> list[str]:
-    """The result text of each of ``action``'s tool calls (matched by id, else in order)."""
-    mine = [o for o in observations if o.role == "tool" and o.source_action in (action.index, None)]
-    by_id = {o.tool_call_id: o.content for o in mine if o.tool_call_id}
-    unmatched = iter(
-        [o.content for o in mine if not o.tool_call_id or o.tool_call_id not in {c.id for c in action.tool_calls}]
-    )
-    results = []
-    for call in action.tool_calls:
-        if call.id and call.id in by_id:
-            results.append(by_id[call.id])
-        else:
-            results.append(next(unmatched, ""))
+    """The result text of each of ``action``'s tool calls: by the trajectory's pairing
+    (``Observation.call_position``: the nearest preceding unanswered call of the result's id),
+    else by id, else in order."""
+    count = len(action.tool_calls)
+    results = [""] * count
+    filled = [False] * count
+    unpaired = []
+    for observation in observations:
+        if observation.role != "tool" or observation.source_action not in (action.index, None):
+            continue
+        position = observation.call_position
+        if observation.source_action == action.index and position is not None and 0 <= position < count:
+            if not filled[position]:
+                results[position], filled[position] = observation.content, True
+            continue
+        unpaired.append(observation)
+    for observation in unpaired:
+        position = next(
+            (k for k, c in enumerate(action.tool_calls) if not filled[k] and c.id and c.id == observation.tool_call_id),
+            None,
+        )
+        if position is None:
+            position = next((k for k in range(count) if not filled[k]), None)
+        if position is not None:
+            results[position], filled[position] = observation.content, True
     return results
 
 
-def _classify_with_results(action: Action, results: Sequence[str]) -> RoleDecision:
-    if not action.tool_calls:
+def _classify_calls(calls: Sequence[ToolCall], results: Sequence[str]) -> RoleDecision:
+    if not calls:
         return _NO_ROLE
-    decisions = [classify_tool_call(c.name, c.arguments, r) for c, r in zip(action.tool_calls, results, strict=True)]
+    decisions = [classify_tool_call(c.name, c.arguments, r) for c, r in zip(calls, results, strict=True)]
     return _combine(decisions, "tool calls")
+
+
+def _classify_with_results(action: Action, results: Sequence[str]) -> RoleDecision:
+    return _classify_calls(action.tool_calls, results)
 
 
 def classify_call(action: Action, observations: Sequence[Observation]) -> tuple[str | None, bool, str]:
@@ -358,6 +401,9 @@ class CallFacts:
     rv_status: str | None = None  # "pass" | "fail" | None (RV calls only)
     failure_paths: frozenset[str] = frozenset()
     summary: str = ""
+    executed_paths: frozenset[str] = frozenset()  # scripts and test files the call runs as programs
+    failed_edit: bool = False  # an AE call whose edit did not happen (it edits nothing)
+    from_text: bool = False  # its commands were read from the message text (no native tool call)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -370,6 +416,9 @@ class CallFacts:
             "rv_status": self.rv_status,
             "failure_paths": sorted(self.failure_paths),
             "summary": self.summary,
+            "executed_paths": sorted(self.executed_paths),
+            "failed_edit": self.failed_edit,
+            "from_text": self.from_text,
         }
 
 
@@ -408,14 +457,63 @@ def _summary(call: ToolCall) -> str:
     return f"{call.name}({text[:120]})"
 
 
+def _calls_and_results(trajectory: Trajectory) -> tuple[list[tuple[ToolCall, ...]], list[list[str]], list[bool]]:
+    """Per action: the calls it makes, their result texts, and whether the calls were read from the
+    message text (:mod:`verl_credit.annotate.text_commands`: only in a trajectory that makes no
+    native tool call; the result of a text command is the observations up to the next action)."""
+    actions = trajectory.actions
+    if any(action.tool_calls for action in actions):
+        observations_of: dict[int, list[Observation]] = {}
+        for observation in trajectory.observations:
+            if observation.source_action is not None:
+                observations_of.setdefault(observation.source_action, []).append(observation)
+        calls = [a.tool_calls for a in actions]
+        results = [
+            [strip_scaffold_status(r) for r in _results_by_call(a, observations_of.get(a.index, []))] for a in actions
+        ]
+        return calls, results, [False] * len(actions)
+    following: dict[int, list[str]] = {}
+    for observation in trajectory.observations:
+        if observation.role in ("user", "tool") and observation.after_action >= 1:
+            following.setdefault(observation.after_action - 1, []).append(observation.content)
+    tracker = OpenFileTracker()
+    calls, results, from_text = [], [], []
+    for action in actions:
+        parsed = tuple(parse_text_commands(action.content, tracker))
+        output = strip_scaffold_status("\n".join(following.get(action.index, [])))
+        update_open_file(tracker, "\n".join(following.get(action.index, [])))
+        calls.append(parsed)
+        results.append([output] * len(parsed))
+        from_text.append(bool(parsed))
+    return calls, results, from_text
+
+
+def _script_of(call: ToolCall) -> str | None:
+    if call.name.lower() in SHELL_TOOLS:
+        return shell_script_of(call.arguments) if call.name.lower() != "python" else _python_tool_script(call.arguments)
+    return None
+
+
 def analyze_calls(trajectory: Trajectory, classifier: RoleClassifier | None = None) -> list[CallFacts]:
     """Roles (with inheritance, position prior, optional LLM) and content facts for every call."""
-    observations_of: dict[int, list[Observation]] = {}
-    for observation in trajectory.observations:
-        if observation.source_action is not None:
-            observations_of.setdefault(observation.source_action, []).append(observation)
-    results_per_action = [_results_by_call(a, observations_of.get(a.index, [])) for a in trajectory.actions]
-    decisions = [_classify_with_results(a, r) for a, r in zip(trajectory.actions, results_per_action, strict=True)]
+    calls_per_action, results_per_action, from_text = _calls_and_results(trajectory)
+    decisions = [_classify_calls(c, r) for c, r in zip(calls_per_action, results_per_action, strict=True)]
+    scripts_per_action = [[_script_of(c) for c in calls] for calls in calls_per_action]
+
+    # 0. a program run the command line alone cannot classify is a check when it runs a script an
+    #    earlier call of this trajectory wrote (a reproduction, a hand-written test)
+    written: set[str] = set()
+    for i, decision in enumerate(decisions):
+        if decision.ambiguous and decision.runs_program and not decision.conflict and written:
+            runs = {p for script in scripts_per_action[i] if script for p in executed_scripts(script)}
+            ran = _matching(runs, written)
+            if ran is not None:
+                decisions[i] = _decided(RV, f"{decision.reason}; runs {ran}, a script written earlier")
+        if decisions[i].role == AE:
+            for call, result, script in zip(
+                calls_per_action[i], results_per_action[i], scripts_per_action[i], strict=True
+            ):
+                written |= _edit_paths(call, result, script)
 
     count = len(decisions)
     roles: list[str | None] = [d.role for d in decisions]
@@ -431,7 +529,7 @@ def analyze_calls(trajectory: Trajectory, classifier: RoleClassifier | None = No
                 description = CallDescription(
                     i,
                     action.content,
-                    tuple((c.name, c.raw_arguments) for c in action.tool_calls),
+                    tuple((c.name, c.raw_arguments) for c in calls_per_action[i]),
                     tuple(results_per_action[i]),
                     decision.candidates,
                     decision.reason,
@@ -460,26 +558,33 @@ def analyze_calls(trajectory: Trajectory, classifier: RoleClassifier | None = No
     for i, action in enumerate(trajectory.actions):
         role = roles[i]
         assert role is not None
+        calls = calls_per_action[i]
         results = results_per_action[i]
         edited: set[str] = set()
         mentioned: set[str] = set()
         edited_symbols: set[str] = set()
+        executed: set[str] = set()
         texts: list[str] = []
         output_paths: set[str] = set()
-        for call, result in zip(action.tool_calls, results, strict=True):
-            script = shell_script_of(call.arguments) if call.name.lower() in SHELL_TOOLS else None
+        failed = False
+        for call, result, script in zip(calls, results, scripts_per_action[i], strict=True):
             result_paths = extract_paths(result)
             if script is not None:  # ls DIR names its files relative to DIR
                 result_paths = qualify_listing(result_paths, listing_directory(script))
+                executed |= set(executed_scripts(script))
             output_paths |= result_paths
             # a read that returned nothing supplies nothing; a glob (find -name "*.py") names no file
             if not (role == IG and returned_nothing(result)):
                 mentioned |= {p for p in _argument_paths(call.arguments) | result_paths if not is_glob(p)}
                 texts.append("\n".join(_string_values(call.arguments)))
                 texts.append(result)
-            if role == AE:
-                edited |= _edit_paths(call, result, script)
-                edited_symbols |= _edited_symbols(call)
+            if role == AE and sources[i] not in _NO_TOOL_SOURCES:
+                paths = _edit_paths(call, result, script)
+                edited |= paths
+                edited_symbols |= _edited_symbols(call, paths)
+        if role == AE and sources[i] not in _NO_TOOL_SOURCES and calls and all(edit_failed(r) for r in results):
+            # the edit did not happen (a refused edit, a failed sed or patch, a broken heredoc)
+            failed, edited, edited_symbols = True, set(), set()
         output = "\n".join(results)
         status = rv_outcome(output) if role == RV else None
         facts.append(
@@ -487,7 +592,7 @@ def analyze_calls(trajectory: Trajectory, classifier: RoleClassifier | None = No
                 index=i,
                 role=role,
                 ambiguous=ambiguous[i],
-                reason=_fact_reason(decisions[i], sources[i], role),
+                reason=_fact_reason(decisions[i], sources[i], role) + (" (edit failed)" if failed else ""),
                 source=sources[i],
                 edited_paths=frozenset(edited),
                 mentioned_paths=frozenset(mentioned),
@@ -495,8 +600,10 @@ def analyze_calls(trajectory: Trajectory, classifier: RoleClassifier | None = No
                 mentioned_identifiers=frozenset(_IDENTIFIER.findall("\n".join(texts))),
                 rv_status=status,
                 failure_paths=frozenset(output_paths) if status == "fail" else frozenset(),
-                summary="; ".join(_summary(c) for c in action.tool_calls)
-                or (action.content[:120] if action.content else ""),
+                summary="; ".join(_summary(c) for c in calls) or (action.content[:120] if action.content else ""),
+                executed_paths=frozenset(executed),
+                failed_edit=failed,
+                from_text=from_text[i],
             )
         )
     return facts
@@ -522,38 +629,56 @@ def _touch_same_files(a: frozenset[str], b: frozenset[str]) -> bool:
 _NO_TOOL_SOURCES = ("inherited", "default")  # calls without tools of their own: they edit nothing
 
 
+def _is_edit(fact: CallFacts) -> bool:
+    """An AE call that edited something (not a failed edit, not a call that only inherited AE)."""
+    return fact.role == AE and fact.source not in _NO_TOOL_SOURCES and not fact.failed_edit
+
+
 def call_graph_from_facts(facts: Sequence[CallFacts]) -> CallGraph:
-    """The causal edges of section 2.2 over analysed calls (see the module docstring)."""
+    """The causal edges of section 2.2 over analysed calls (see the module docstring).
+
+    Every edge names its unit (a path or ``symbol:NAME``): an edit whose files are unknown, a
+    failed edit and a call that only inherited AE get none. A script the trajectory runs as a
+    program (a reproduction script, a scratch test) links from its edits only to the runs that
+    execute it; the edits of other files link to the verifications after them as usual.
+    """
     edges: list[CallEdge] = []
-    ae_calls = [f for f in facts if f.role == AE]
+    edits = [f for f in facts if _is_edit(f)]
     rv_calls = [f for f in facts if f.role == RV]
-    # IG -> AE: the edit touches a path (or a distinctive symbol) the read saw.
-    for ae in ae_calls:
+    # IG -> AE: the edit touches a path (or a symbol it defines or changes) the read saw.
+    for ae in edits:
         for ig in facts[: ae.index]:
             if ig.role != IG:
                 continue
             unit = _matching(ae.edited_paths, ig.mentioned_paths)
             if unit is None:
                 shared = sorted(ae.edited_symbols & ig.mentioned_identifiers)
-                symbol = shared[0] if shared else None
-                unit = f"symbol:{symbol}" if symbol else None
+                unit = f"symbol:{shared[0]}" if shared else None
             if unit is not None:
                 edges.append(CallEdge(ig.index, ae.index, "IG->AE", unit))
-    # AE -> RV: tests after the edit and before the next edit of the same files (or naming them).
-    for ae in ae_calls:
+    # AE -> RV: tests after the edit and before the next edit of the same files (or naming them);
+    # a script's edit: only the runs that execute it, up to its next edit.
+    for ae in edits:
+        if not ae.edited_paths:
+            continue
+        later_runs = [f for f in facts[ae.index + 1 :] if f.executed_paths]
+        scripts = frozenset(p for p in ae.edited_paths if any(_matching({p}, f.executed_paths) for f in later_runs))
+        sources = ae.edited_paths - scripts
         for rv in rv_calls:
             if rv.index <= ae.index:
                 continue
-            blocked = any(
-                ae.index < other.index < rv.index
-                and other.source not in _NO_TOOL_SOURCES
-                and _touch_same_files(ae.edited_paths, other.edited_paths)
-                for other in ae_calls
-            )
-            named = _matching(ae.edited_paths, rv.mentioned_paths)
+            between = [o for o in edits if ae.index < o.index < rv.index]
+            ran = _matching(scripts, rv.executed_paths) if scripts else None
+            if ran is not None:
+                if not any(_matching({ran}, o.edited_paths) for o in between):
+                    edges.append(CallEdge(ae.index, rv.index, "AE->RV", ran))
+                continue
+            if not sources:
+                continue
+            blocked = any(_touch_same_files(sources, o.edited_paths) for o in between)
+            named = _matching(sources, rv.mentioned_paths)
             if not blocked or named is not None:
-                unit = named or (sorted(ae.edited_paths)[0] if ae.edited_paths else "")
-                edges.append(CallEdge(ae.index, rv.index, "AE->RV", unit))
+                edges.append(CallEdge(ae.index, rv.index, "AE->RV", named or sorted(sources)[0]))
     # RV -> AE: a later edit (before the next test run) of a path named in the failure output.
     for rv in rv_calls:
         if rv.rv_status != "fail" or not rv.failure_paths:
@@ -561,7 +686,7 @@ def call_graph_from_facts(facts: Sequence[CallFacts]) -> CallGraph:
         for later in facts[rv.index + 1 :]:
             if later.role == RV:
                 break
-            if later.role == AE:
+            if _is_edit(later):
                 unit = _matching(later.edited_paths, rv.failure_paths)
                 if unit is not None:
                     edges.append(CallEdge(rv.index, later.index, "RV->AE", unit))
@@ -686,7 +811,7 @@ def failures_ignored(facts: Sequence[CallFacts]) -> list[bool | None]:
         if fact.role != RV or fact.rv_status != "fail":
             out.append(None)
             continue
-        later_edits = [f for f in facts[fact.index + 1 :] if f.role == AE and f.source not in _NO_TOOL_SOURCES]
+        later_edits = [f for f in facts[fact.index + 1 :] if _is_edit(f)]
         if fact.failure_paths:
             answered = any(_matching(f.edited_paths, fact.failure_paths) is not None for f in later_edits)
         else:

@@ -35,10 +35,14 @@ What the rules detect, in order:
      ``v``; a user reply elicited by ``k`` contains ``v``; or ``k`` introduced ``v`` (its text
      or arguments are the first place ``v`` appears). Sources are chosen by greedy set cover
      over ``j``'s units -- the source covering most of the remaining units first ("most
-     comprehensive"), ties to the earliest -- except that a reply naming a value earlier tool
-     results listed wins the tie (the user chose it from the list); each unit is covered once
-     ("several sources only for non-overlapping units"). A value the agent itself introduced
-     that the proposal the user confirmed for ``j`` restates is sourced to that proposal. Edge
+     comprehensive"), ties to the earliest; each unit is covered once ("several sources only for
+     non-overlapping units"). A reply naming a value an earlier tool result (or the agent's own
+     text) supplied is the user's choice or approval of it: the tool call stays the value's
+     source, and the reply's eliciting action gets ``+`` ``P -> j`` (``input``, unit
+     ``choice=...``). A later reply that only restates what an unelicited user turn (the opening
+     request) already gave is not a source: the value stays a direct input (earliest wins). A
+     value the agent itself introduced that the proposal the user confirmed for ``j`` restates
+     is sourced to that proposal. Edge
      type ``input`` when a covered unit came through a user reply elicited by ``k``, else
      ``success_utilization``. The earliest :data:`MAX_SOURCE_OCCURRENCES` occurrences of a unit
      are looked at;
@@ -51,12 +55,14 @@ What the rules detect, in order:
 4. **Retries**: a tool call with the same tool and the same arguments up to spelling
    (:func:`~verl_credit.annotate.rules_values.canonical_call_signature`) as the latest earlier
    identical call, when that call failed: ``-`` edge from the failing action (unit
-   ``retry <tool>``). A *corrected* retry (some argument value really differs) gets no ``-``
-   edge; the failed action keeps its error mark.
+   ``retry <tool>``). A *corrected* retry -- the next call of the failed tool, its arguments
+   changed -- falls back because of the failure: ``-`` edge too (unit ``corrected retry <tool>``).
 5. **Confirmations**: a user affirmation ("yes, go ahead") of a proposal made by action ``P``
    (the closest action that asked): every write call (a tool whose name does not start with a
    read verb such as ``get``/``find``/``list``/``search``, nor ``think``/``calculate``) before
-   the next user turn gets ``+`` ``P -> j`` (``input``, unit ``confirmation``).
+   the next user turn gets ``+`` ``P -> j`` (``input``, unit ``confirmation``); when the turn
+   makes no write (an agreed extra step done after more questions: "Yes, I'd like to return that
+   item as well"), the first later write using a value ``P`` named gets it.
 6. **Choices**: a user reply to an action ``P`` that listed options (enumerated lines or
    ``A or B?``) that picks one by ordinal ("the second one", "number 2") or by a word only that
    option has (name, colour, time, ...; a tie between options is U5). The first later call that
@@ -64,15 +70,17 @@ What the rules detect, in order:
    argument atoms or tool-name parts is a *distinctive* atom of the option (one no other option
    has), or an ``_``-joined argument such as ``credit_card_9922`` has all its alphabetic parts in
    the option and one of them distinctive. When no call does, the option is a description
-   ("Green, size M"): the ids of the single smallest tool-result record holding all its
-   distinctive atoms (the variant ``"2003"``) are looked up instead. The chosen entry's ids
+   ("Green, size M", "the Visa ending in 7447"): the ids of the single smallest tool-result
+   record holding all its distinctive atoms that tool results hold (the variant ``"2003"``) are
+   looked up instead. A "yes" that also names one option is a choice of it. The chosen entry's ids
    still trace to their tool source by rule 3. A list inside a report (no question, no "which"
    / "choose" / "let me know") and an open question ("..., or something else?", "for example
    ...", examples in parentheses) offer nothing to choose from.
 7. **Branches**: a user reply that triggers a transfer (a ``transfer``/``escalate``/``handoff``
    tool called first in the agent's answer, or anywhere in it when the reply asks for a human)
-   or a refusal (the answer's first action is text that declines, "I'm sorry, but I can't ...")
-   gives the branching action ``+`` from the reply's eliciting action (``input``, unit
+   or a refusal (the answer's first action is text whose main act is a decline -- in its opening
+   sentences, "I'm sorry, but I can't ...", "basic fares cannot be modified" -- answering a reply
+   that asked for something) gives the branching action ``+`` from the reply's eliciting action (``input``, unit
    ``branch=transfer`` / ``branch=refusal``), or a direct user input when the reply was
    unelicited.
 8. **Recoveries**: an action whose text reports an observed mismatch ("this doesn't match the
@@ -137,6 +145,7 @@ from verl_credit.annotate.rules_dialog import (
     is_proposal,
     is_refusal,
     is_rejection,
+    is_request,
     is_transfer_request,
     is_transfer_tool,
     ordinal_choice,
@@ -163,7 +172,7 @@ __all__ = ["RULES_VERSION", "RuleAnnotator", "RuleTrace", "annotate_rules", "tra
 logger = logging.getLogger(__name__)
 
 #: bump when the rules change what they output (part of cache keys)
-RULES_VERSION = "rules-2"
+RULES_VERSION = "rules-3"
 
 READ_VERBS = frozenset(
     "get find list search lookup look check view read fetch query show calculate compute verify think describe "
@@ -255,6 +264,7 @@ class _Tracer:
         self.next_user_message: list[int] = []
         self.resolved_choices: set[int] = set()
         self.schema_failed: set[tuple[int, int]] = set()
+        self.corrected_retries: set[tuple[int, int]] = set()  # (failing action, its retry)
 
     # ------------------------------------------------------------------ helpers
     def proposal(self, action: int) -> bool:
@@ -268,7 +278,9 @@ class _Tracer:
         """``is_generic_offer`` of an action's text (computed once per action)."""
         cached = self.offer_cache.get(action)
         if cached is None:
-            cached = self.offer_cache[action] = is_generic_offer(self.actions[action].content)
+            content = self.actions[action].content
+            # a refusal that closes with "anything else?" is no closing: the reply answers the refusal
+            cached = self.offer_cache[action] = is_generic_offer(content) and not is_refusal(content)
         return cached
 
     def act_text(self, action: int) -> str:
@@ -322,10 +334,10 @@ class _Tracer:
         self.find_errors()
         self.find_taints()
         self.find_confirmations()
+        self.find_retries()
         for j, action in enumerate(self.actions):
             if action.tool_calls:
                 self.resolve_consumer(j)
-        self.find_retries()
         self.find_choices()
         self.find_branches()
         self.find_mismatch_recoveries()
@@ -342,24 +354,18 @@ class _Tracer:
         return RuleTrace(raw, _dedupe_reasons(self.reasons))
 
     def map_tool_results(self) -> None:
-        """Pair each tool result with the call that produced it (by id, else the next unanswered call)."""
-        by_id: dict[str, tuple[int, int]] = {}
-        for action in self.actions:
-            for position, call in enumerate(action.tool_calls):
-                if call.id:
-                    by_id.setdefault(call.id, (action.index, position))
-        answered: set[tuple[int, int]] = set()
+        """Pair each tool result with the call that produced it: the trajectory model's pairing
+        (the nearest preceding unanswered call of its id, so that a provider reusing ids within
+        one conversation does not move an error onto an earlier action)."""
         for observation in self.trajectory.observations:
             if observation.role != "tool" or observation.source_action is None:
                 continue
-            target = by_id.get(observation.tool_call_id or "")
-            if target is None:
-                source = observation.source_action
-                calls = self.actions[source].tool_calls
-                free = [p for p in range(len(calls)) if (source, p) not in answered]
-                target = (source, free[0] if free else 0)
-            answered.add(target)
-            self.call_of_result[observation.message_index] = target
+            calls = self.actions[observation.source_action].tool_calls
+            position = observation.call_position if observation.call_position is not None else 0
+            self.call_of_result[observation.message_index] = (
+                observation.source_action,
+                position if 0 <= position < max(1, len(calls)) else 0,
+            )
 
     def resolve_user_provenance(self) -> None:
         """``Observation.source_action``, except that a greeting or closing elicits nothing."""
@@ -499,13 +505,18 @@ class _Tracer:
         """``({k: kinds}, direct, constant)`` for ``unit`` consumed by action ``consumer``.
 
         The result of an earlier call identical to one of the consumer's own calls is not a source:
-        a repeated call learns nothing from its twin (otherwise redundant repeats look causal).
+        a repeated call learns nothing from its twin (otherwise redundant repeats look causal). A
+        user reply that only restates a value an earlier unelicited user turn (the opening request)
+        already gave is not its source either: the earliest supply wins (DESIGN.md 2.1), so the
+        value stays a direct input.
         """
         consumer_message = self.actions[consumer].message_index
         if own_signatures is None:
             own_signatures = {self.call_signature(consumer, p) for p in range(len(self.actions[consumer].tool_calls))}
         sources: dict[int, set[str]] = {}
         direct = False
+        first_direct: int | None = None
+        first_reply: dict[int, int] = {}  # source action -> its first reply holding the unit
         occurrences = self.occurrences(unit)
         origin = self.origin_action(unit)
         constant = self.constants.contains(unit)
@@ -531,8 +542,14 @@ class _Tracer:
                 source = self.effective_source.get(m)
                 if source is not None and source < consumer:
                     sources.setdefault(source, set()).add(_REPLY)
+                    first_reply.setdefault(source, m)
                 else:
                     direct = True
+                    if first_direct is None:
+                        first_direct = m
+        if first_direct is not None:
+            for k in [k for k, kinds in sources.items() if kinds == {_REPLY} and first_reply[k] > first_direct]:
+                del sources[k]  # a later reply restating what the opening request gave
         return sources, direct, constant
 
     def resolve_consumer(self, j: int) -> None:
@@ -551,7 +568,7 @@ class _Tracer:
                 self.add_edge(failed, j, "-", "failed_utilization", unit.label)
                 continue
             ambiguous = self.failed_source(unit, consumer_message, self.ambiguous_taints)
-            if ambiguous is not None and ambiguous < j:
+            if ambiguous is not None and ambiguous < j and (ambiguous, j) not in self.corrected_retries:
                 self.reasons.append(
                     f"U6 ambiguous failure: action {j} reuses {unit.label!r} from failing call of action {ambiguous}"
                 )
@@ -574,6 +591,20 @@ class _Tracer:
                 self.reasons.append(f"U1 untraced: action {j} argument {unit.label!r} appears nowhere before it")
         if direct_keys:
             self.direct[j] = self.direct.get(j, 0) + len(direct_keys)
+        # a reply naming a value an earlier tool result (or the agent's own text) had supplied is the
+        # user's choice or approval of it: the tool call that produced the value stays its source
+        # (the more comprehensive one), and the choice supports j through the action that elicited
+        # the reply (DESIGN.md 5: "the chosen entry's ids still trace to their tool source")
+        choices: dict[int, list[str]] = {}
+        for key, sources in pool.items():
+            suppliers = [k for k, kinds in sources.items() if kinds & {_TOOL, _ECHO, _ORIGIN}]
+            for k in [k for k, kinds in sources.items() if _REPLY in kinds]:
+                if any(other < k for other in suppliers) and not sources[k] & {_TOOL, _ECHO, _ORIGIN}:
+                    del sources[k]
+                    choices.setdefault(k, []).append(labels[key])
+        for chooser, chosen_labels in sorted(choices.items()):
+            if chooser < j:
+                self.add_edge(chooser, j, "+", "input", "choice=" + ", ".join(chosen_labels)[:80])
         remaining = set(pool)
         while remaining:
             coverage: dict[int, set[str]] = {}
@@ -583,22 +614,6 @@ class _Tracer:
             best = max(len(keys) for keys in coverage.values())
             tied = sorted(k for k, keys in coverage.items() if len(keys) == best)
             chosen = tied[0]
-            # a reply that names one of the values earlier tool results listed is the user's choice
-            # among them (item chosen from a list): it, not the listing, supplies the value
-            choosers = [
-                k
-                for k in tied[1:]
-                if all(_REPLY in pool[key][k] for key in coverage[k])
-                and all(
-                    not _REPLY_CLASS & _kind_class(pool[key][other])
-                    for other in tied
-                    if other < k
-                    for key in coverage[k] & coverage[other]
-                )
-            ]
-            if choosers:
-                chosen = choosers[-1]
-                tied = [chosen]
             covered = coverage[chosen]
             for other in tied[1:]:
                 for key in sorted(covered & coverage[other]):
@@ -615,20 +630,36 @@ class _Tracer:
             remaining -= covered
 
     def find_retries(self) -> None:
-        """Rule 4: a call identical (up to spelling) to the latest such call, which failed."""
+        """Rule 4: a retry of a failed call -- the same call again (identical up to spelling, as the
+        latest such call) or a corrected one (the next call of the same tool after the failure) --
+        gets ``-`` from the failing action: it repeats the error or falls back because of it."""
         latest: dict[str, tuple[int, int]] = {}
+        failed_tool: dict[str, int] = {}  # tool name -> the latest failing action not yet retried
         for action in self.actions:
             signatures = []
+            retried: list[str] = []
             for position, call in enumerate(action.tool_calls):
                 signature = canonical_call_signature(
                     call.name, call.arguments, call.raw_arguments, call.arguments_valid
                 )
                 previous = latest.get(signature)
+                failing = failed_tool.get(call.name)
                 if previous is not None and previous[0] < action.index and previous in self.failing_calls:
                     self.add_edge(previous[0], action.index, "-", "failed_utilization", f"retry {call.name}")
+                    if failing is not None:
+                        retried.append(call.name)
+                elif failing is not None and failing < action.index:
+                    self.add_edge(failing, action.index, "-", "failed_utilization", f"corrected retry {call.name}")
+                    self.corrected_retries.add((failing, action.index))
+                    retried.append(call.name)
                 signatures.append((signature, (action.index, position)))
             for signature, call_key in signatures:
                 latest[signature] = call_key
+            for name in retried:
+                failed_tool.pop(name, None)
+            for position, call in enumerate(action.tool_calls):
+                if (action.index, position) in self.failing_calls:
+                    failed_tool[call.name] = action.index
 
     def following_actions(self, message_index: int, same_turn: bool) -> list[Action]:
         """Actions after ``message_index`` (only up to the next user turn when ``same_turn``)."""
@@ -647,10 +678,29 @@ class _Tracer:
                 continue
             if not is_affirmation(observation.content):
                 continue
+            found = False
             for action in self.following_actions(observation.message_index, same_turn=True):
                 if any(_is_write_tool(call.name) for call in action.tool_calls):
                     self.add_edge(proposer, action.index, "+", "input", "confirmation")
                     self.confirmed_by.setdefault(action.index, proposer)
+                    found = True
+            if not found:
+                # an agreed extra step ("Yes, I'd like to return that item as well") is executed
+                # later, after more questions: the first later write using a value the offer named
+                writer = self.first_write_using_text_of(proposer, observation.message_index)
+                if writer is not None:
+                    self.add_edge(proposer, writer, "+", "input", "confirmation")
+                    self.confirmed_by.setdefault(writer, proposer)
+
+    def first_write_using_text_of(self, proposer: int, after_message: int) -> int | None:
+        """The first write call after ``after_message`` one of whose units ``proposer``'s text holds."""
+        text = IndexedText(self.actions[proposer].content)
+        for action in self.following_actions(after_message, same_turn=False)[:MAX_SCANNED_CANDIDATES]:
+            if not any(_is_write_tool(call.name) for call in action.tool_calls):
+                continue
+            if any(text.contains(unit) for unit in self.action_units[action.index]):
+                return action.index
+        return None
 
     def find_branches(self) -> None:
         """A user reply that triggers a branch: a transfer or a refusal in the agent's answer to it.
@@ -658,7 +708,10 @@ class _Tracer:
         The branching action gets ``+`` from the reply's eliciting action (unit ``branch=transfer``
         / ``branch=refusal``), or a direct user input when the reply was unelicited. A transfer
         counts when it is the first action after the reply or the reply asks for a human; a
-        refusal when it is the first action after the reply (text only).
+        refusal when it is the first action after the reply (text only), its main act is the
+        decline (:func:`~verl_credit.annotate.rules_dialog.is_refusal`) and the reply asked for
+        something (:func:`~verl_credit.annotate.rules_dialog.is_request`): a decline on grounds
+        the agent found itself is not triggered by a reply that asked nothing.
         """
         for observation in self.trajectory.observations:
             if observation.role != "user" or not observation.content.strip():
@@ -672,7 +725,14 @@ class _Tracer:
                 if any(is_transfer_tool(call.name) for call in action.tool_calls) and (position == 0 or asks_for_human):
                     target, unit = action.index, "branch=transfer"
                     break
-            if target is None and not turn[0].tool_calls and is_refusal(turn[0].content):
+            if (
+                target is None
+                and not turn[0].tool_calls
+                and is_refusal(turn[0].content)
+                and is_request(observation.content)
+            ):
+                # a decline answering what the reply asked for; a decline on grounds the agent
+                # found itself (a policy, a tool result) while the reply asked nothing is no branch
                 target, unit = turn[0].index, "branch=refusal"
             if target is None:
                 continue
@@ -723,8 +783,9 @@ class _Tracer:
             if chooser is None:
                 continue
             options = parse_options(self.actions[chooser].content)
-            if len(options) < 2 or is_affirmation(observation.content):
+            if len(options) < 2:
                 continue
+            affirmed = is_affirmation(observation.content)  # "Yes, the second one": a choice all the same
             if not _ASKS_TO_CHOOSE.search(self.actions[chooser].content):
                 continue  # a list inside a report or a summary offers nothing to choose from
             if any(_OPEN_OPTION.search(option) for option in options) or _EXAMPLE_LEAD.search(
@@ -740,6 +801,8 @@ class _Tracer:
                 if best == 0:
                     continue
                 if scores.count(best) > 1:
+                    if affirmed:
+                        continue  # a "yes" that names nothing only one option has: an approval
                     if _CHOICE_WORDS.search(observation.content):
                         self.reasons.append(
                             f"U5 choice: reply at message {observation.message_index} matches several options"
@@ -753,6 +816,8 @@ class _Tracer:
                 record_ids = self.record_ids(chosen, self.actions[chooser].message_index)
                 consumer = self.first_call_using(record_ids, record_ids, observation.message_index)
             label = f"choice={options[index]}"
+            if consumer is None and affirmed:
+                continue  # an approval that also repeats part of an option: the confirmation rule covers it
             if consumer is None:
                 self.reasons.append(
                     f"U5 choice: no call uses option {index + 1} chosen at message {observation.message_index}"
@@ -816,10 +881,13 @@ class _Tracer:
         return False
 
     def record_ids(self, words: set[str], before_message: int) -> set[str]:
-        """Ids of the single smallest tool-result record (JSON object) holding all ``words``."""
+        """Ids of the single smallest tool-result record (JSON object) holding all ``words`` that
+        tool results hold at all (an option's "Visa ending in 7447" names the card record by
+        ``visa`` and ``7447``; "ending" is nobody's field)."""
+        index = self.records_by_token()
+        words = {w for w in words if w in index}
         if not words:
             return set()
-        index = self.records_by_token()
         rarest = min((index.get(word, []) for word in words), key=len)
         end = bisect.bisect_left(rarest, (before_message,))  # entries are in message order
         matches: list[tuple[int, frozenset[str]]] = [

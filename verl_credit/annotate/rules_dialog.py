@@ -28,7 +28,11 @@ User acts
       my plan" beside "I'm willing to refuel 2 GB": a partial decline that accepts the offer); an
       agreement ("Yes, that sounds correct. Please go ahead"); a report that a check found
       nothing ("Data Saver is off ... that's not the issue"); anything after a greeting or
-      closing (an opening complaint rejects nothing: ``rules.py`` does not ask).
+      closing (an opening complaint rejects nothing: ``rules.py`` does not ask); declining an
+      optional offer ("No, that's okay. Let me try another way"); a correction of data ("Yes, ...
+      As for the address, it should be ...", "That doesn't sound right, there were three"); a
+      "No" that goes on to ask for something narrower ("No, not the whole order. Could you cancel
+      just the lamp?"); a simulated user's end token (``###STOP###``, ``###TRANSFER###``).
     * transfer request ("can I speak to a human / supervisor", "transfer me").
     * ordinal choice ("the second one", "the first option", "number 2", "the last one", "2").
 """
@@ -49,10 +53,12 @@ __all__ = [
     "is_proposal",
     "is_refusal",
     "is_rejection",
+    "is_request",
     "is_transfer_request",
     "is_transfer_tool",
     "ordinal_choice",
     "parse_options",
+    "strip_control_tokens",
 ]
 
 _FLAGS = re.IGNORECASE
@@ -126,7 +132,10 @@ _PROPOSAL = _Pattern(
     r"\bsay [\"'\u201c]?yes\b|\(yes/no\)|\byes or no\b|are you sure|do you (agree|approve|authori[sz]e|consent)|"
     r"(does|do) (that|this|these|everything) (sound|look)s? (good|right|correct|ok|okay|fine)|"
     r"let me know if (you'?d like|you want) (me )?to (proceed|go ahead|continue)|"
-    r"(would|do) you (like|want) (me )?to (go ahead|proceed) with",
+    r"(would|do) you (like|want) (me )?to (go ahead|proceed) with|"
+    # an offered extra step: "Would you also like to return the lamp?", "Do you want to add insurance?"
+    r"(would|do) you (also )?(like|want|wish) (me |us )?to (also )?(return|exchange|cancel|add|book|upgrade|downgrade|"
+    r"change|modify|remove|include|use|apply|refund|purchase|buy|switch|update|keep|send|ship|order)\b",
     word_start=True,
 )
 _AFFIRMATION = _Pattern(
@@ -151,11 +160,24 @@ _IMPERATIVE_REJECTION = _Pattern(
     r"book|booking|transfer|transferring|apply|applying|add|adding|remove|removing|modify|modifying|update|"
     r"updating|suspend|touch|go ahead|that|this|it)\b"
 )
-_EXPLICIT_REJECTION = _Pattern(
+# "that's wrong": about what the agent did or proposed, or about a value it stated (then, with the
+# corrected value or after a "yes", a correction of data rather than a rejection)
+_DATA_CORRECTION = _Pattern(
     r"\bthat'?s (wrong|incorrect|not (right|correct))\b|"
     r"\b(this|that|it) (is|was) (wrong|incorrect|not (right|correct))\b|"
+    r"\b(that|this|it) (doesn'?t|does not|didn'?t) (sound|look|seem) (right|correct)\b",
+    word_start=True,
+)
+# ... with the value it should have: "it should be", "actually it's", "the correct one is", "I meant"
+_CORRECTED_VALUE = _Pattern(
+    r"\b(should be|should say|should read|is actually|it'?s actually|actually it'?s|the (correct|right) (one|\w+) is|"
+    r"i meant|it'?s spelled|change it to|update it to|instead of|there (were|was|are|is|should be)|"
+    r"i'?m (pretty |quite |fairly )?(sure|certain)|(check|look at) (that|it|this) again|double[- ]check|"
+    r"(can|could) you (re-?check|check (that|it|this|again))|it'?s (only|just) (for )?(me|my))\b",
+    word_start=True,
+)
+_EXPLICIT_REJECTION = _Pattern(
     r"not what i('?m| am| was)? (asked|wanted|want|meant|mean|said|requested|need|needed|looking for)|"
-    r"\b(that|this|it) (doesn'?t|does not|didn'?t) (sound|look|seem) (right|correct)\b|"
     r"\bi (didn'?t|did not|never) (ask|say|request|authori[sz]e|agree|approve|want)\b|"
     r"\bwhy did you\b|\bundo (that|this|it)\b|(^|[.!?]\s+)(no,? )?cancel that\b(?! one)|\bi said no\b|"
     r"\bi (said|told you) (not|no)\b|"
@@ -171,8 +193,20 @@ _NOT_A_REFUSAL_START = _Pattern(
     r"^\W*no\W+(problem|worries|need to worry|rush|that'?s (right|correct|fine|perfect))\b|"
     r"^\W*no,? (it|that) (is|was) (right|correct)"
 )
+# the end-of-conversation tokens of simulated users (tau2: ###STOP###, ###TRANSFER###, ###OUT-OF-SCOPE###)
+_CONTROL_TOKEN = re.compile(r"#{2,}\s*[A-Z][A-Z0-9_ -]*[A-Z0-9]\s*#{2,}")
+# the turn, after its "No", asks for something else: a narrower or different action ("No, not the whole
+# order. Could you cancel just the lamp?") -- a revision of the request, not a refusal
+_COUNTER_REQUEST = _Pattern(
+    r"\b((could|can|would|will) you( please)?|please|i'?d (like|prefer)|i would (like|prefer)|i (want|need) you to|"
+    r"let'?s)\s+(?!keep\b|leave\b|stop\b|not\b|hold\b|wait\b|just keep\b|don'?t\b)[a-z]+|\binstead\b|"
+    r"\b(just|only) (the|that|this|one|my|cancel|return|change|remove|add)\b",
+    word_start=True,
+)
 _POLITE_DECLINE = _Pattern(
-    r"^\W*no\W*(thanks?|thank you)\W*$|that'?s all|that is all|nothing else|i'?m good|all set|i'?m fine"
+    r"^\W*no\W*(thanks?|thank you)\W*$|that'?s all|that is all|nothing else|i'?m good|all set|i'?m fine|"
+    r"^\W*no\W+((that'?s|it'?s|that is) (ok|okay|alright|all right|fine)|need\b|worries)|"
+    r"^\W*no\W+(i'?ll|i will|let me|i can|i'?m going to)\b|\b(not necessary|not needed|no need)\b"
 )
 # the turn accepts (part of) the offer: a decline in it is partial ("I'm willing to refuel 2 GB ... not the plan")
 _ACCEPTS = _Pattern(
@@ -196,7 +230,9 @@ _REFUSAL = _Pattern(
     r"won'?t be able to|am not allowed to|am not permitted to) (help|assist|do|process|modify|change|cancel|"
     r"refund|offer|provide|issue|make|grant|approve|add|remove|book|waive|apply|compensate|transfer|accommodate)|"
     r"\b(not|isn'?t) (allowed|permitted|eligible) (under|by|per|according to) (our|the) polic|"
-    r"\b(our|the) polic(y|ies) (does not|doesn'?t|do not|don'?t) (allow|permit)|\bagainst (our|the) polic",
+    r"\b(our|the) polic(y|ies) (does not|doesn'?t|do not|don'?t) (allow|permit)|\bagainst (our|the) polic|"
+    r"\b(can'?t|cannot|can not|may not) be (modified|changed|cancell?ed|refunded|upgraded|downgraded|removed|added|"
+    r"booked|processed|exchanged|returned|waived|transferred)\b",
     word_start=True,
 )
 _MISMATCH = _Pattern(
@@ -277,10 +313,18 @@ def is_proposal(text: str) -> bool:
     return bool(text) and bool(_PROPOSAL.search(text))
 
 
+def strip_control_tokens(text: str) -> str:
+    """A user turn without simulated-user control tokens (``###STOP###`` and its family)."""
+    return _CONTROL_TOKEN.sub(" ", text).strip() if text and "#" in text else (text or "")
+
+
 def is_affirmation(text: str) -> bool:
     """A user turn that says yes (at its start, or after a short "thanks"/"great" preamble, or by an
     explicit "please go ahead" / "that all looks correct"), and rejects nothing."""
+    text = strip_control_tokens(text)
     if not text or _EXPLICIT_REJECTION.search(text) or _IMPERATIVE_REJECTION.search(text):
+        return False
+    if _DATA_CORRECTION.search(text) and not (_AFFIRMATION.search(text) and not _NEGATIVE_START.search(text)):
         return False
     if _AFFIRMATION.search(text) and not _NEGATIVE_START.search(text):
         return True
@@ -291,7 +335,9 @@ def is_affirmation(text: str) -> bool:
 
 
 def is_polite_decline(text: str) -> bool:
-    """ "No thanks", "that's all", "I'm good": declining an offer, not rejecting an action."""
+    """ "No thanks", "that's all", "I'm good", "No, that's okay. I'll try another way": declining an
+    offer, not rejecting an action."""
+    text = strip_control_tokens(text)
     return bool(text) and bool(_POLITE_DECLINE.search(text))
 
 
@@ -304,14 +350,21 @@ def is_rejection(text: str, preceding_is_proposal: bool, preceding_text: str | N
     unless the action already did it ("transferred") -- the turn accepts nothing else ("Yes,
     cancel A -- please don't touch C", "keep B, don't cancel it; could you cancel D?" answer a
     question: a choice). A turn that starts with
-    a negative rejects only a *proposal* (a counter-offer after "No, ..." still refuses it), and not
-    when it is a polite decline or "no problem".
+    a negative rejects only a *proposal*, and not when it declines an optional offer ("No, that's
+    okay, I'll try another way", "no thanks", "no problem") or, after the "No", asks for something
+    narrower or different ("No, not the whole order. Could you cancel just the lamp?": a revision).
+    "That's wrong" is a correction of data, not a rejection, when the turn starts with yes or gives
+    the value it should have ("As for the address, it should be ..."). Control tokens of simulated
+    users (``###STOP###``) are not words of the turn.
     """
+    text = strip_control_tokens(text)
     if not text:
         return False
     if _EXPLICIT_REJECTION.search(text):
         return True
     starts_with_yes = bool(_AFFIRMATION.search(text)) and not _NEGATIVE_START.search(text)
+    if _DATA_CORRECTION.search(text) and not starts_with_yes and not _CORRECTED_VALUE.search(text):
+        return True
     if not starts_with_yes:
         before = _normalized(preceding_text) if preceding_text is not None else None
         for match in _IMPERATIVE_REJECTION.regex.finditer(_normalized(text)):
@@ -330,15 +383,61 @@ def is_rejection(text: str, preceding_is_proposal: bool, preceding_text: str | N
             # else: "don't cancel A, cancel B" answering "which should I cancel?" -- a choice
     if not preceding_is_proposal or not _NEGATIVE_START.search(text):
         return False
-    return not (_POLITE_DECLINE.search(text) or _NOT_A_REFUSAL_START.search(text))
+    if _POLITE_DECLINE.search(text) or _NOT_A_REFUSAL_START.search(text):
+        return False
+    return not _COUNTER_REQUEST.search(text)
 
 
 _GENERIC_OBJECTS = frozenset({"do", "doing", "that", "this", "it", "go ahead", "proceed"})
 
 
+#: a wrapper some agents put around their text (``{"type": "message", "content": "..."}``)
+_JSON_WRAPPER = re.compile(r'^\s*\{\s*"type"\s*:\s*"[\w-]+"\s*,\s*"content"\s*:\s*"')
+#: a refusal is the main act of its message: it is said in the opening sentences
+REFUSAL_LEAD_SENTENCES = 3
+#: ... and the message does not go on to do what was asked
+_PROCEEDS = _Pattern(
+    r"\b(i'?m (glad|happy) to (proceed|help|process)|i'?ll (go ahead|proceed)|let me (go ahead|proceed)|"
+    r"i (have|'ve) (processed|updated|cancelled|canceled|booked|issued))\b",
+    word_start=True,
+)
+
+
+def _opening_sentences(text: str, count: int) -> str:
+    text = _JSON_WRAPPER.sub("", text or "")
+    return " ".join(re.split(r"(?<=[.!?])\s+|\n+", text.strip())[:count])
+
+
 def is_refusal(text: str) -> bool:
-    """Assistant text that declines the user's request ("I'm sorry, but I can't ...")."""
-    return bool(text) and bool(_REFUSAL.search(text))
+    """Assistant text whose main act declines the user's request ("I'm sorry, but I can't ...",
+    "Unfortunately, basic economy cannot be modified"): the decline is said in its opening
+    sentences, and the text does not go on to do what was asked ("I'm glad to proceed ...")."""
+    if not text:
+        return False
+    opening = _opening_sentences(text, REFUSAL_LEAD_SENTENCES)
+    return bool(_REFUSAL.search(opening)) and not _PROCEEDS.search(text)
+
+
+#: a user turn that asks for something (the request a refusal can answer)
+_REQUESTS = _Pattern(
+    r"\?|\b(can|could|would|will) you\b|\bplease\b|\bi'?d like\b|\bi would like\b|\bi (want|need|wish)\b|"
+    r"\bi'?m (looking|hoping|trying) (for|to)\b|\b(is|are) there (any|a)\b|\bhow about\b|\bwhat about\b|\blet'?s\b",
+    word_start=True,
+)
+# ... or an imperative: a turn (or sentence) that starts with a verb of an action
+_IMPERATIVE = _Pattern(
+    r"(^|[.!?]\s+)\W*((ok|okay|yes|no|then|well|so|alright|thanks|thank you|hi|hello|just|now)\W+)*"
+    r"(move|change|cancel|book|refund|add|remove|upgrade|downgrade|switch|modify|transfer|update|return|exchange|"
+    r"send|give|make|help|check|find|look|rebook|reschedule|waive|apply|issue|compensate|get|put|process|use|"
+    r"charge|credit|reverse|reinstate|restore|reactivate|activate|enable|disable|suspend|resume|fix|reset|"
+    r"replace|ship|deliver|extend|renew|split|combine|keep|drop)\b"
+)
+
+
+def is_request(text: str) -> bool:
+    """A user turn that asks the agent for something (a question or a request)."""
+    text = strip_control_tokens(text)
+    return bool(text) and bool(_REQUESTS.search(text) or _IMPERATIVE.search(text))
 
 
 def is_mismatch_report(text: str) -> bool:

@@ -41,6 +41,7 @@ __all__ = [
     "SimpleCommand",
     "classify_shell_command",
     "classify_simple_command",
+    "executed_scripts",
     "is_artifact",
     "parse_shell",
     "program_edits_files",
@@ -110,7 +111,9 @@ AE_PROGRAMS = _words(
 )
 RV_PROGRAMS = _words(
     "pytest py.test tox nox jest mocha vitest ava karma phpunit rspec ctest nosetests trial mypy pyright flake8 pylint "
-    "tsc eslint shellcheck hadolint golangci-lint cypress playwright runtests runtests.py runtests.sh"
+    "tsc eslint shellcheck hadolint golangci-lint cypress playwright runtests runtests.py runtests.sh "
+    # builds and compilers check that the code builds (a compile error is a failed check)
+    "gcc g++ cc c++ clang clang++ javac kotlinc rustc cmake ninja meson scons ant vue-tsc"
 )
 NEUTRAL_PROGRAMS = _words(
     "cd pushd popd export set source . true false echo printf sleep exit clear unset alias : wait shopt ulimit umask "
@@ -142,7 +145,7 @@ _PROGRAM_WRITES = re.compile(
     r"""['"]sed['"],\s*['"]-i""",
 )
 #: a path of the project (not /tmp) quoted in a program text: ``'astropy/io/ascii/qdp.py'``
-_PROJECT_PATH_LITERAL = re.compile(r"""['"](?!/tmp/|/dev/)(?:[\w.-]+/)+[\w.-]+\.[A-Za-z]{1,5}['"]""")
+_PROJECT_PATH_LITERAL = re.compile(r"""['"](?!/tmp/|/dev/)/?(?:[\w.-]+/)+[\w.-]+\.[A-Za-z]{1,5}['"]""")
 _PROJECT_TEXT_FILES = re.compile(r"(^|/)(requirements[^/]*|constraints[^/]*|CMakeLists|LICENSE|AUTHORS)\.txt$", re.I)
 _PY_MODULES_IG = _words("pydoc json.tool tokenize site")
 _GIT_IG = _words(
@@ -187,6 +190,21 @@ _TEST_TARGET = re.compile(
     r"^(test|tests|check|lint|typecheck|build|all|ci|unit|e2e|integration)([:-].*)?$", re.IGNORECASE
 )
 _FD_REDIRECT = re.compile(r"^\d*$")
+#: a script an agent writes to reproduce or check a behaviour (run: RV, whatever it prints)
+_CHECK_SCRIPT = re.compile(
+    r"(^|/)(reproduc\w*|repro\w*|check\w*|verify\w*|validate\w*|debug\w*|demo\w*|scratch\w*|try_?\w*|bug\w*|"
+    r"issue\w*|sanity\w*|confirm\w*|minimal\w*|mre\w*|edge_?cases?\w*|final_\w*|simple_\w*)\.(py|js|mjs|ts|sh|rb|php)$",
+    re.IGNORECASE,
+)
+#: make targets that change the tree rather than check it
+_MAKE_AE_TARGETS = frozenset({"install", "uninstall", "clean", "distclean", "mrproper", "format", "fmt", "fix"})
+#: an inline program that only looks something up: where a module lives, its source, its version
+_LOOKUP_PROGRAM = re.compile(
+    r"inspect\.(getsource|getfile|getsourcefile|signature|getmembers)|__file__|__version__|\bsys\.(path|version)\b|"
+    r"\bhelp\(|\bdir\(|find_spec|pkgutil|importlib\.metadata|\.__doc__|__path__|site\.getsitepackages"
+)
+#: ... unless it also calls the code (an assert, a call with arguments beyond the look-up)
+_EXERCISES_CODE = re.compile(r"\bassert\b|\bexcept\b|\braise\b")
 _HEREDOC = re.compile(r"<<-?\s*(['\"]?)([A-Za-z_][A-Za-z0-9_]*)\1")
 
 
@@ -435,8 +453,14 @@ def _classify_python(args: list[str]) -> RoleDecision:
         return _decided(RV, f"{base} test")
     if base == "setup.py" and len(rest) > 1 and rest[1] == "test":
         return _decided(RV, "setup.py test")
+    if base == "setup.py" and len(rest) > 1 and rest[1] in ("build", "build_ext", "build_py", "check"):
+        return _decided(RV, f"setup.py {rest[1]} (a build)")
+    if base == "setup.py" and len(rest) > 1 and rest[1] in ("develop", "install", "egg_info", "sdist", "bdist_wheel"):
+        return _decided(AE, f"setup.py {rest[1]}")
     if _TEST_SCRIPT.search(script) or _PYTEST_NAME.match(base):
         return _decided(RV, f"test script {script}")
+    if _CHECK_SCRIPT.search(script):
+        return _decided(RV, f"runs {script}, a reproduction / check script")
     return _runs(f"python script {script}")
 
 
@@ -508,8 +532,13 @@ def classify_simple_command(command: SimpleCommand) -> RoleDecision:
     Text the command line itself authors (``echo ... > f``, ``cat > f <<EOF``) is an edit.
     """
     decision = _classify_argv(command)
-    if decision.runs_program and program_edits_files(_program_text(command)):
+    program = _program_text(command) if decision.runs_program else ""
+    if program and program_edits_files(program):
         return _decided(AE, f"{decision.reason} that writes project files")
+    if program:  # python -c CODE / python - <<EOF: a probe
+        if _LOOKUP_PROGRAM.search(program) and not _EXERCISES_CODE.search(program):
+            return _decided(IG, f"{decision.reason} that looks up where or what something is")
+        return _decided(RV, f"{decision.reason}: a probe that runs the code to check its behaviour")
     if command.writes and decision.role != RV:
         authored = decision.no_role or bool(command.heredoc) or _reads_stdin(command)
         if not authored and all(is_artifact(path) for path in command.writes):
@@ -597,9 +626,10 @@ def _classify_argv(command: SimpleCommand) -> RoleDecision:
         return _ambiguous(f"{base} {' '.join(positional[:2])}")
     if base in ("make", "gmake"):
         targets = [a for a in _positional(args) if "=" not in a]
-        if not targets or all(_TEST_TARGET.match(t) for t in targets):
-            return _decided(RV, f"make {' '.join(targets)}".strip())
-        return _ambiguous(f"make {' '.join(targets)}")
+        if any(t in _MAKE_AE_TARGETS for t in targets):
+            return _decided(AE, f"make {' '.join(targets)}")
+        # a build (any other target) checks that the code builds, as a test run checks it works
+        return _decided(RV, f"make {' '.join(targets)}".strip())
     if base in _BUILD_TOOLS_RV or base in _BUILD_TOOLS_AE or program in _BUILD_TOOLS_RV:
         sub = _positional(args)[:1]
         key = program if program in _BUILD_TOOLS_RV else base
@@ -632,6 +662,8 @@ def _classify_argv(command: SimpleCommand) -> RoleDecision:
         script = _positional(args)[:1]
         if script and _TEST_SCRIPT.search(script[0]):
             return _decided(RV, f"test script {script[0]}")
+        if script and _CHECK_SCRIPT.search(script[0]):
+            return _decided(RV, f"runs {script[0]}, a reproduction / check script")
         return _runs(f"{base} {' '.join(script) or 'inline program'}")
     positional = _positional(args)
     if base.endswith("lint") or (positional and positional[0] in ("test", "tests", "lint", "check", "verify")):
@@ -789,6 +821,38 @@ def _runs_written_script(command: SimpleCommand, scripts: Mapping[str, str]) -> 
     if decision.role is None:
         return _runs(reason)
     return _decided(decision.role, reason)
+
+
+def executed_scripts(script: str) -> list[str]:
+    """The files a command line runs as programs: ``python X.py``, ``node x.js``, ``bash x.sh``,
+    ``./x.sh``, and the file operands of a test runner (``pytest t.py``); in order, once each."""
+    found: list[str] = []
+    try:
+        analysis = parse_shell(script)
+    except ValueError:
+        return found
+    for pipeline in analysis.statements:
+        for command in pipeline:
+            argv = _strip_wrappers(command.argv)
+            if not argv:
+                continue
+            base = argv[0].rsplit("/", 1)[-1]
+            operands: list[str] = []
+            if base in _INTERPRETERS or re.match(r"^python3(\.\d+)?$", base):
+                if base.startswith("python") or base.startswith("pypy"):
+                    kind, rest = _python_invocation(argv[1:])
+                    operands = rest[:1] if kind == "script" else []
+                else:
+                    operands = _positional(argv[1:])[:1]
+            elif _PYTEST_NAME.match(base) or base in ("jest", "mocha", "vitest", "node"):
+                operands = [a for a in _positional(argv[1:]) if "." in a.rsplit("/", 1)[-1]]
+            elif argv[0].startswith("./") or (argv[0].startswith("/") and "." in base):
+                operands = [argv[0]]
+            for operand in operands:
+                path = operand.split("::", 1)[0]
+                if path and path not in found:
+                    found.append(path)
+    return found
 
 
 def shell_script_of(arguments: Mapping[str, Any]) -> str | None:
