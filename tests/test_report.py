@@ -165,15 +165,14 @@ def _chromium() -> str | None:
     return None
 
 
-@pytest.mark.timeout(120)
-def test_report_renders_non_blank_in_headless_chromium(tmp_path):
+def screenshot(html: Path, tmp_path: Path, width: int = 1200, height: int = 2000) -> np.ndarray:
+    """Headless Chromium's screenshot of a page (RGB(A) floats); skips the test when there is no
+    Chromium. Also used by the CPU training test on the pages a real run wrote."""
     browser = _chromium()
     if browser is None:
         print("SKIP REASON: no chromium binary on PATH (Debian: apt-get install -y chromium)")
         pytest.skip("chromium not found on PATH (install the Debian 'chromium' package)")
-    lines = load_credit_lines(_write_credit(tmp_path))
-    html = render_report(lines, tmp_path / "report.html")
-    screenshot = tmp_path / "shot.png"
+    shot = tmp_path / f"{html.stem}.shot.png"
     command = [
         browser,
         "--headless",
@@ -185,15 +184,103 @@ def test_report_renders_non_blank_in_headless_chromium(tmp_path):
         "--disable-component-update",
         "--disable-sync",
         f"--user-data-dir={tmp_path / 'profile'}",
-        f"--screenshot={screenshot}",
-        "--window-size=1200,2000",
+        f"--screenshot={shot}",
+        f"--window-size={width},{height}",
         html.resolve().as_uri(),
     ]
     subprocess.run(command, check=True, timeout=90, capture_output=True)
     from matplotlib.image import imread
 
-    pixels = imread(screenshot)
-    assert pixels.shape[0] == 2000 and pixels.shape[1] == 1200
+    pixels = imread(shot)
+    assert pixels.shape[0] == height and pixels.shape[1] == width
+    return pixels
+
+
+def assert_not_blank(pixels: np.ndarray) -> None:
     gray = pixels[..., :3].mean(axis=-1)
     assert gray.std() > 0.05  # a blank page has std 0
     assert (gray < 0.5).mean() > 0.002  # some dark ink (text, bars), not only a tint
+
+
+@pytest.mark.timeout(120)
+def test_report_renders_non_blank_in_headless_chromium(tmp_path):
+    lines = load_credit_lines(_write_credit(tmp_path))
+    html = render_report(lines, tmp_path / "report.html")
+    assert_not_blank(screenshot(html, tmp_path))
+
+
+# -- literal dollar signs (matplotlib would parse $...$ as mathtext) ------------------------------
+
+DEEP_MATH_ID = "$" + "{" * 400 + "x" + "}" * 400 + "$"  # made the report raise RecursionError
+
+
+def _texts(figure: Figure) -> list[str]:
+    from matplotlib.text import Text
+
+    return [text.get_text() for text in figure.findobj(Text) if text.get_text()]
+
+
+def test_dollar_signs_in_ids_labels_roles_and_names_are_drawn_literally():
+    from matplotlib import cbook
+
+    record = credit_line([1.2, 0.8, 1.1, 0.9], graph=GRAPH, line_id=DEEP_MATH_ID)
+    record["uid"] = "$task$"
+    record["estimator"] = "$iapo$"
+    record["actions"][0]["role"] = "$IG$"
+    line = parse_credit_line(record)
+    line.labels = ["refund $5 or $6", "$\\frac{1}{2}$", "plain", "a$b"]
+    figure, _ = trajectory_figure(line)
+    assert figure_png(figure)[:4] == b"\x89PNG"
+    batch = batch_figure({"$iapo$": [line], "$grpo$ (a $b$ path)": [line]})
+    assert figure_png(batch)[:4] == b"\x89PNG"
+    texts = _texts(figure) + _texts(batch)
+    assert not [text for text in texts if cbook.is_math_text(text)]  # nothing left for mathtext
+    shown = " ".join(text.replace(r"\$", "$") for text in texts)  # what matplotlib prints
+    for original in ("refund $5 or $6", "$IG$", "$task$", "$iapo$", "$grpo$ (a $b$ path)", DEEP_MATH_ID[:20]):
+        assert original in shown, original
+
+
+def test_report_cli_draws_a_deep_dollar_id(tmp_path):
+    path = tmp_path / "credit.jsonl"
+    path.write_text(json.dumps(credit_line([1.2, 0.8], line_id=DEEP_MATH_ID)) + "\n")
+    assert main(["report", "--input", str(path), "--out", str(tmp_path / "r.html")]) == 0
+
+
+# -- a trainer dump (credit.debug.dump_dir) -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def dump_dir(tmp_path_factory) -> Path:
+    from verl_credit.verl.credit_dump import write_step_dump
+    from verl_credit.verl.viz_sample import sample_step_record
+
+    folder = tmp_path_factory.mktemp("dumps")
+    for step, seed in ((1, 0), (2, 1)):
+        write_step_dump(str(folder), step, sample_step_record(4, 8, estimator="iapo", seed=seed))
+    return folder
+
+
+def test_report_cli_draws_a_step_of_a_trainer_dump(dump_dir, tmp_path, capsys):
+    out = tmp_path / "dump.html"
+    assert main(["report", "--dump-dir", str(dump_dir), "--out", str(out), "--max-trajectories", "4"]) == 0
+    text = out.read_text()
+    assert "step 2" in text and "32 sessions" in text and "match the trainer" in text  # the last step by default
+    images = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', text)
+    assert len(images) == 5 and all(base64.b64decode(image)[:4] == b"\x89PNG" for image in images)
+    assert "wrote" in capsys.readouterr().out
+    assert main(["report", "--dump-dir", str(dump_dir), "--step", "1", "--out", str(out)]) == 0
+    assert "step 1" in out.read_text()
+
+
+def test_report_cli_names_what_is_wrong_with_a_dump_dir(dump_dir, tmp_path, capsys):
+    out = str(tmp_path / "x.html")
+    assert main(["report", "--dump-dir", str(dump_dir), "--step", "7", "--out", out]) == 2
+    assert "no step 7 (dumped steps: 1, 2)" in capsys.readouterr().err
+    assert main(["report", "--dump-dir", str(tmp_path), "--out", out]) == 2
+    assert "no step_*.pt file" in capsys.readouterr().err
+    assert main(["report", "--input", str(_write_credit(tmp_path)), "--step", "1", "--out", out]) == 2
+    assert "--step needs --dump-dir" in capsys.readouterr().err
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "step_3.pt").write_bytes(b"not a torch file")
+    assert main(["report", "--dump-dir", str(tmp_path / "bad"), "--out", out]) == 2
+    assert "step_3.pt: cannot read the dump" in capsys.readouterr().err

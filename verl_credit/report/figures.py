@@ -12,6 +12,9 @@ Batch (:func:`batch_figure`): histograms of ``w+`` (the weights of actions of tr
 0.1``) on each branch, per estimator.
 
 Figures are built with :class:`matplotlib.figure.Figure` (no pyplot state, no display needed).
+Every text that comes from data (ids, estimator names, roles, action labels) goes through
+:func:`plain_text`: matplotlib would read a ``$...$`` in it as mathtext (and a deeply nested one
+raises ``RecursionError`` inside its parser).
 """
 
 from __future__ import annotations
@@ -36,8 +39,11 @@ __all__ = [
     "EQUAL_TOLERANCE",
     "TrajectoryDrawing",
     "batch_figure",
+    "branch_weights",
     "draw_trajectory",
     "figure_png",
+    "figure_png_and_pixels",
+    "plain_text",
     "share_moved",
     "trajectory_figure",
     "weight_color",
@@ -52,6 +58,12 @@ SUPPORT_COLOR = "#009E73"
 FAILED_COLOR = "#D55E00"
 CALL_EDGE_COLOR = "#CC79A7"
 ERROR_COLOR = "#C00000"
+
+
+def plain_text(text: str) -> str:
+    """``text`` as literal characters for a matplotlib label: every ``$`` escaped (``\\$``), so no
+    part of it is parsed as mathtext."""
+    return text.replace("$", r"\$")
 
 
 def weight_color(weight: float) -> str:
@@ -106,7 +118,16 @@ def draw_trajectory(ax: Axes, line: CreditLine, max_label_chars: int = 26) -> Tr
     for i, w in enumerate(weights):
         ax.text(i, w + 0.02 * top, f"{w:.2f}", ha="center", va="bottom", fontsize=7)
         if line.roles[i] is not None:
-            ax.text(i, 0.04 * top, line.roles[i], ha="center", va="bottom", fontsize=7, color="white", weight="bold")
+            ax.text(
+                i,
+                0.04 * top,
+                plain_text(line.roles[i]),
+                ha="center",
+                va="bottom",
+                fontsize=7,
+                color="white",
+                weight="bold",
+            )
     for i in errors:
         ax.plot([i], [weights[i] + 0.2 * top], marker="X", color=ERROR_COLOR, markersize=8)
 
@@ -139,7 +160,7 @@ def draw_trajectory(ax: Axes, line: CreditLine, max_label_chars: int = 26) -> Tr
     ax.set_xticks(x)
     labels = line.labels or [f"a{i}" for i in range(count)]
     ax.set_xticklabels(
-        [f"{i}: {_short(label, max_label_chars)}" for i, label in enumerate(labels)],
+        [plain_text(f"{i}: {_short(label, max_label_chars)}") for i, label in enumerate(labels)],
         rotation=40,
         ha="right",
         fontsize=7,
@@ -152,7 +173,7 @@ def draw_trajectory(ax: Axes, line: CreditLine, max_label_chars: int = 26) -> Tr
     )
     if line.fallback:
         title += " [uniform fallback]"
-    ax.set_title(title, fontsize=9)
+    ax.set_title(plain_text(title), fontsize=9)
     return TrajectoryDrawing(colors, support, failed, calls, errors)
 
 
@@ -188,7 +209,9 @@ def trajectory_figure(line: CreditLine) -> tuple[Figure, TrajectoryDrawing]:
     return figure, drawing
 
 
-def _branch_weights(lines: Sequence[CreditLine], positive: bool) -> np.ndarray:
+def branch_weights(lines: Sequence[CreditLine], positive: bool) -> np.ndarray:
+    """``w+`` (``positive``: routed weights of the actions with tokens of trajectories with ``A > 0``)
+    or ``w-`` (``A < 0``), as in ``credit/w_pos_*`` (:mod:`verl_credit.metrics`)."""
     values = [
         w
         for line in lines
@@ -211,15 +234,15 @@ def batch_figure(sets: Mapping[str, Sequence[CreditLine]]) -> Figure:
     palette = ["#E69F00", "#0072B2", "#009E73", "#CC79A7", "#56B4E9"]
     names = list(sets)
     shares: dict[str, tuple[float, float]] = {}
-    every = np.concatenate([_branch_weights(lines, side) for lines in sets.values() for side in (True, False)])
+    every = np.concatenate([branch_weights(lines, side) for lines in sets.values() for side in (True, False)])
     low, high = (float(every.min()), float(every.max())) if every.size else (0.5, 1.5)
     bins = np.linspace(min(low, 0.95), max(high, 1.05), 41)
     for k, name in enumerate(names):
         color = palette[k % len(palette)]
         for ax, positive in ((axes[0], True), (axes[1], False)):
-            values = _branch_weights(sets[name], positive)
+            values = branch_weights(sets[name], positive)
             if values.size and np.all(np.abs(values - 1.0) <= EQUAL_TOLERANCE):
-                ax.plot([], [], " ", label=f"{name}: all w = 1 (n={values.size})")
+                ax.plot([], [], " ", label=plain_text(f"{name}: all w = 1 (n={values.size})"))
             elif values.size:
                 ax.hist(
                     values,
@@ -228,9 +251,9 @@ def batch_figure(sets: Mapping[str, Sequence[CreditLine]]) -> Figure:
                     alpha=0.45,
                     color=color,
                     edgecolor=color,
-                    label=f"{name} (n={values.size})",
+                    label=plain_text(f"{name} (n={values.size})"),
                 )
-        shares[name] = (share_moved(_branch_weights(sets[name], True)), share_moved(_branch_weights(sets[name], False)))
+        shares[name] = (share_moved(branch_weights(sets[name], True)), share_moved(branch_weights(sets[name], False)))
     for ax, what in ((axes[0], "w+ (actions of trajectories with A > 0)"), (axes[1], "w- (actions with A < 0)")):
         ax.axvline(1.0, color="#555555", linestyle="--", linewidth=0.8)
         ax.set_title(what, fontsize=9)
@@ -241,7 +264,7 @@ def batch_figure(sets: Mapping[str, Sequence[CreditLine]]) -> Figure:
     width = 0.8 / max(len(names), 1)
     for k, name in enumerate(names):
         positions = np.arange(2) + (k - (len(names) - 1) / 2) * width
-        axes[2].bar(positions, shares[name], width=width, color=palette[k % len(palette)], label=name)
+        axes[2].bar(positions, shares[name], width=width, color=palette[k % len(palette)], label=plain_text(name))
         for position, value in zip(positions, shares[name], strict=True):
             axes[2].text(position, value + 0.01, f"{value:.0%}", ha="center", va="bottom", fontsize=7)
     axes[2].set_xticks([0, 1])
@@ -257,3 +280,18 @@ def figure_png(figure: Figure, dpi: int = 110) -> bytes:
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=dpi)
     return buffer.getvalue()
+
+
+def figure_png_and_pixels(figure: Figure, dpi: int = 110) -> tuple[bytes, np.ndarray]:
+    """The figure drawn once: PNG bytes and the same picture as an ``(H, W, 3)`` uint8 RGB array
+    (what trackers take: tensorboard, wandb, mlflow, swanlab)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from PIL import Image
+
+    figure.set_dpi(dpi)
+    canvas = FigureCanvasAgg(figure)
+    canvas.draw()
+    rgb = np.ascontiguousarray(np.asarray(canvas.buffer_rgba())[..., :3])
+    buffer = io.BytesIO()
+    Image.fromarray(rgb).save(buffer, format="png")
+    return buffer.getvalue(), rgb

@@ -5,12 +5,13 @@ from __future__ import annotations
 import base64
 import html
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from verl_credit.report.figures import batch_figure, figure_png, trajectory_figure
 from verl_credit.report.records import CreditLine
 
-__all__ = ["pick_trajectories", "render_report"]
+__all__ = ["TrajectoryPicture", "pick_trajectories", "render_report", "write_report_page"]
 
 _STYLE = """
 body { font-family: -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif; margin: 24px; color: #222; }
@@ -65,6 +66,15 @@ def pick_trajectories(lines: Sequence[CreditLine], limit: int) -> list[CreditLin
     return picked
 
 
+@dataclass
+class TrajectoryPicture:
+    """One trajectory's picture on the page, with the same trajectory under other estimators."""
+
+    line: CreditLine
+    png: bytes
+    others: list[tuple[str, bytes]] = field(default_factory=list)  # (estimator, PNG)
+
+
 def render_report(
     lines: Sequence[CreditLine],
     out: str | Path,
@@ -84,6 +94,42 @@ def render_report(
         raise ValueError("the report needs at least one credit line")
     main_name = lines[0].estimator
     sets: dict[str, Sequence[CreditLine]] = {main_name: lines, **dict(comparisons or {})}
+    by_id = {name: {ln.id: ln for ln in group} for name, group in sets.items() if name != main_name}
+    pictures = []
+    for index, line in enumerate(pick_trajectories(lines, max_trajectories)):
+        picture = TrajectoryPicture(line, figure_png(trajectory_figure(line)[0]))
+        if index == 0:
+            for name, lookup in by_id.items():
+                other = lookup.get(line.id)
+                if other is not None:
+                    picture.others.append((name, figure_png(trajectory_figure(other)[0])))
+        pictures.append(picture)
+    return write_report_page(
+        lines,
+        out,
+        title=title,
+        batch_png=figure_png(batch_figure(sets)),
+        pictures=pictures,
+        summary_rows=summary_rows,
+        intro=intro,
+    )
+
+
+def write_report_page(
+    lines: Sequence[CreditLine],
+    out: str | Path,
+    *,
+    title: str,
+    batch_png: bytes,
+    pictures: Sequence[TrajectoryPicture],
+    summary_rows: Sequence[Mapping[str, object]] | None = None,
+    intro: str = "",
+    action_rows: Sequence[Mapping[str, object]] | None = None,
+) -> Path:
+    """Write the report page from pictures already drawn (:func:`render_report` draws them; the
+    trainer's live pictures reuse theirs): a note on ``lines``, the summary table, the batch plots,
+    one picture per trajectory and, if given, a table of the pictured actions."""
+    main_name = lines[0].estimator if lines else "?"
     parts = [
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
         f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>",
@@ -98,24 +144,20 @@ def render_report(
     if summary_rows:
         parts.append("<h2>Summary</h2>" + _table(summary_rows))
     parts.append("<h2>Batch: routed weights</h2>")
-    parts.append(_img(figure_png(batch_figure(sets)), "histograms of routed weights"))
+    parts.append(_img(batch_png, "histograms of routed weights"))
     parts.append(
         "<h2>Trajectories</h2><p class='note'>Bars: routed weight per action (dashed line: 1 = GRPO). "
         "Arcs above: support-use edges (+); dashed arcs below: failed-use edges (-); X: error.</p>"
     )
-    by_id = {name: {ln.id: ln for ln in group} for name, group in sets.items() if name != main_name}
-    for index, line in enumerate(pick_trajectories(lines, max_trajectories)):
-        figure, _ = trajectory_figure(line)
-        parts.append(_img(figure_png(figure), f"credit of {line.id}"))
-        for note in line.notes:
+    for picture in pictures:
+        parts.append(_img(picture.png, f"credit of {picture.line.id}"))
+        for note in picture.line.notes:
             parts.append(f"<p class='note'>{html.escape(note)}</p>")
-        if index == 0:
-            for name, lookup in by_id.items():
-                other = lookup.get(line.id)
-                if other is not None:
-                    other_figure, _ = trajectory_figure(other)
-                    parts.append(f"<p class='note'>The same trajectory under <b>{html.escape(name)}</b>:</p>")
-                    parts.append(_img(figure_png(other_figure), f"{name} credit of {line.id}"))
+        for name, png in picture.others:
+            parts.append(f"<p class='note'>The same trajectory under <b>{html.escape(name)}</b>:</p>")
+            parts.append(_img(png, f"{name} credit of {picture.line.id}"))
+    if action_rows:
+        parts.append("<h2>Actions pictured</h2>" + _table(action_rows))
     parts.append("</body></html>")
     target = Path(out)
     target.parent.mkdir(parents=True, exist_ok=True)

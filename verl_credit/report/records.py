@@ -18,7 +18,14 @@ from verl_credit.graph import InfluenceGraph, validate_graph
 from verl_credit.io import InputError, iter_jsonl
 from verl_credit.trajectory import Trajectory
 
-__all__ = ["CreditLine", "action_labels", "attach_labels", "load_credit_lines", "parse_credit_line"]
+__all__ = [
+    "CreditLine",
+    "action_kinds",
+    "action_labels",
+    "attach_labels",
+    "load_credit_lines",
+    "parse_credit_line",
+]
 
 
 @dataclass
@@ -38,6 +45,7 @@ class CreditLine:
     graph: InfluenceGraph | None = None
     call_graph: CallGraph | None = None
     labels: list[str] | None = None  # short action descriptions, when the transcript is known
+    kinds: list[str] | None = None  # per action "tool:<name>" or "text", when the transcript is known
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -145,3 +153,8 @@ def action_labels(trajectory: Trajectory) -> list[str]:
         else:
             labels.append(action.content or "(empty)")
     return labels
+
+
+def action_kinds(trajectory: Trajectory) -> list[str]:
+    """What each action of a trajectory is: ``tool:<first call's name>`` or ``text``."""
+    return [f"tool:{a.tool_calls[0].name}" if a.tool_calls else "text" for a in trajectory.actions]
