@@ -47,7 +47,7 @@ def _credit(trajectories: list[Trajectory], config: CreditConfig):
 
 
 def test_registry_lists_every_estimator_and_refuses_duplicates() -> None:
-    assert set(estimator_names()) == {"grpo", "iapo", "call_credit", "gigpo", "turn_reward"}
+    assert set(estimator_names()) == {"grpo", "iapo", "call_credit", "gigpo", "turn_reward", "info_gain"}
     assert get_estimator("iapo").needs == {"influence_graphs"}
     with pytest.raises(ValueError, match="unknown estimator 'nope'"):
         get_estimator("nope")

@@ -34,7 +34,14 @@ import torch
 
 from verl_credit.call_graph import CallEdge, CallGraph
 from verl_credit.cli.main import build_parser, main
-from verl_credit.config import CallCreditConfig, CreditConfig, GiGPOConfig, IAPOConfig, TurnRewardConfig
+from verl_credit.config import (
+    CallCreditConfig,
+    CreditConfig,
+    GiGPOConfig,
+    IAPOConfig,
+    InfoGainConfig,
+    TurnRewardConfig,
+)
 from verl_credit.credit import call_credit
 from verl_credit.credit.grpo import compute_grpo_trajectory_advantage
 from verl_credit.credit.iapo import compute_iapo_weights
@@ -1096,6 +1103,152 @@ def test_cli_route_annotator_and_fallback_flags(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# info_gain (InfoPO, verl_credit/credit/info_gain.py equations 2-6): keys and flags
+# ---------------------------------------------------------------------------------------------
+
+
+def expected_info_gain(
+    rewards: list[float],
+    uids: list[str],
+    lengths: list[list[int]],
+    gains: list[list[float | None]],
+    weight: float = 0.1,
+    gate_temperature: float = 0.05,
+    normalize: bool = True,
+    eps: float = 1e-6,
+    epsilon: float = 1e-6,
+    norm_by_std: bool = True,
+) -> list[list[float]]:
+    """``A_i = A_tau + weight * sigmoid(-sigma_g / T) * rho * Ahat_i`` in plain Python: r = IG / L per
+    token; Ahat = (r - mu_g) / (s_g + eps) over the group's non-zero tokens (one token: 0); rho =
+    min(1, max(s_A + eps, 1) / (s_Ahat + eps)) over all tokens; sigma_g the Bessel std of the group's
+    rewards (1 alone)."""
+
+    def stdev(values: list[float]) -> float:
+        if len(values) < 2:
+            return 0.0
+        mean = sum(values) / len(values)
+        return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+    advantage = expected_grpo(rewards, uids, epsilon, norm_by_std)
+    tokens = [
+        [g / n if g is not None and n > 0 else 0.0 for g, n in zip(row, sizes, strict=True)]
+        for row, sizes in zip(gains, lengths, strict=True)
+    ]
+    pooled: dict[str, list[float]] = {}
+    for row, sizes, uid in zip(tokens, lengths, uids, strict=True):
+        pooled.setdefault(uid, []).extend(r for r, n in zip(row, sizes, strict=True) for _ in range(n) if r != 0)
+    intrinsic = []
+    for row, uid in zip(tokens, uids, strict=True):
+        values = pooled[uid]
+        mean = sum(values) / len(values) if values else 0.0
+        scale = 1.0 if len(values) == 1 else stdev(values)
+        if not normalize:
+            intrinsic.append(list(row))
+        else:
+            intrinsic.append(
+                [0.0 if r == 0 else ((r - mean) / (scale + eps) if norm_by_std else r - mean) for r in row]
+            )
+    outcome_tokens = [a for a, sizes in zip(advantage, lengths, strict=True) for n in sizes for _ in range(n)]
+    intrinsic_tokens = [
+        v
+        for row, sizes in zip(intrinsic, lengths, strict=True)
+        for v, n in zip(row, sizes, strict=True)
+        for _ in range(n)
+    ]
+    rho = min(1.0, max(stdev(outcome_tokens) + eps, 1.0) / (stdev(intrinsic_tokens) + eps))
+    out = []
+    for b, uid in enumerate(uids):
+        group = [r for r, u in zip(rewards, uids, strict=True) if u == uid]
+        sigma = 1.0 if len(group) == 1 else stdev(group)
+        gate = 1.0 / (1.0 + math.exp(sigma / gate_temperature))
+        out.append([advantage[b] + weight * gate * rho * v for v in intrinsic[b]])
+    return out
+
+
+INFO_REWARDS = [1.0, 0.0, 0.5, 0.0, 0.0]
+INFO_UIDS = ["g", "g", "g", "h", "h"]
+INFO_LENGTHS = [[2, 3]] * 5
+INFO_GAINS: list[list[float | None]] = [[0.4, None], [0.2, None], [None, None], [9.0, None], [1.0, None]]
+INFO_KEYS: dict[str, dict[str, Any]] = {
+    "info_gain.weight": {"info_gain": {"weight": 0.5}},
+    "info_gain.gate_temperature": {"info_gain": {"gate_temperature": 5.0}},
+    "info_gain.normalize": {"info_gain": {"normalize": False}},
+    "info_gain.eps": {"info_gain": {"eps": 0.5}},
+}
+
+
+def test_info_gain_hand_case() -> None:
+    """Group h (rewards 0, 0: A = 0, gate 1/2): token rewards 9/2 = 4.5 (2 tokens) and 1/2 = 0.5 (2
+    tokens); mean 2.5, Bessel std sqrt(4 * 4 / 3) = 2.3094 -> Ahat = +-2 / 2.3094 = +-0.86603. Group g:
+    0.2 and 0.1 (2 tokens each), mean 0.15, std sqrt(4 * 0.0025 / 3) = 0.057735 -> Ahat = +-0.86603.
+    All 25 tokens: Ahat has 8 non-zero tokens of +-0.86603 -> std sqrt(8 * 0.75 / 24) = 0.5; A_tau
+    (+-1 x 5 tokens, 0 x 15) -> std sqrt(10 / 24) = 0.6455, so rho = min(1, 1 / 0.5) = 1.
+    A(h0, 0) = 0 + 0.1 * 0.5 * 1 * 0.86603 = 0.043301."""
+    ahat = 2 / math.sqrt(16 / 3)
+    assert ahat == pytest.approx(0.86603, abs=1e-5)
+    expected = expected_info_gain(INFO_REWARDS, INFO_UIDS, INFO_LENGTHS, INFO_GAINS)
+    assert expected[3][0] == pytest.approx(0.1 * 0.5 * (2 / (math.sqrt(16 / 3) + 1e-6)), rel=1e-9)
+    assert expected[4][0] == pytest.approx(-expected[3][0], rel=1e-9)
+    assert expected[3][0] == pytest.approx(0.043301, abs=1e-6)
+    credit = _batch_info({})
+    for row in range(5):
+        assert credit.advantages_of(row) == pytest.approx(expected[row], rel=1e-6, abs=1e-7), row
+
+
+def _batch_info(mapping: dict[str, Any]) -> Any:
+    config = CreditConfig.from_mapping({"estimator": "info_gain", **mapping})
+    return compute_batch_credit(
+        trajectory_scores(INFO_REWARDS), INFO_UIDS, INFO_LENGTHS, config, information_gains=INFO_GAINS
+    )
+
+
+@pytest.mark.parametrize("key", list(INFO_KEYS))
+def test_info_gain_keys_reach_batch_credit(key: str) -> None:
+    mapping = INFO_KEYS[key]
+    credit = _batch_info(mapping)
+    expected = expected_info_gain(INFO_REWARDS, INFO_UIDS, INFO_LENGTHS, INFO_GAINS, **mapping["info_gain"])
+    for row in range(5):
+        assert credit.advantages_of(row) == pytest.approx(expected[row], rel=1e-6, abs=1e-7), (key, row)
+    reference = _batch_info({})
+    assert not torch.allclose(credit.action_advantage, reference.action_advantage, rtol=1e-4, atol=1e-6), key
+
+
+INFO_CLI: dict[str, list[str]] = {
+    "defaults": [],
+    "--info-weight": ["--info-weight", "0.5"],
+    "--info-gate-temperature": ["--info-gate-temperature", "5"],
+    "--info-no-normalize": ["--info-no-normalize"],
+}
+
+
+@pytest.mark.parametrize("case", list(INFO_CLI))
+def test_cli_route_info_gain_flags(tmp_path: Path, case: str) -> None:
+    """Each line carries its ``information_gains``; the route command routes the file as one batch."""
+    flags = INFO_CLI[case]
+    records = [
+        {**_dialog_rollout(f"d{n}", reward, "a0", "a1", [0.0, 0.0]), "uid": uid, "information_gains": gains}
+        for n, (reward, uid, gains) in enumerate(zip(INFO_REWARDS, INFO_UIDS, INFO_GAINS, strict=True))
+    ]
+    records = [{k: v for k, v in r.items() if k != "turn_rewards"} for r in records]
+    out = _route(tmp_path, records, ["--estimator", "info_gain", *flags])
+    expected = expected_info_gain(
+        INFO_REWARDS,
+        INFO_UIDS,
+        INFO_LENGTHS,
+        INFO_GAINS,
+        weight=_flag_value(flags, "--info-weight", 0.1),
+        gate_temperature=_flag_value(flags, "--info-gate-temperature", 0.05),
+        normalize="--info-no-normalize" not in flags,
+    )
+    default = expected_info_gain(INFO_REWARDS, INFO_UIDS, INFO_LENGTHS, INFO_GAINS)
+    for record, row in zip(out, expected, strict=True):
+        assert [a["advantage"] for a in record["actions"]] == pytest.approx(row, rel=1e-6, abs=1e-7), case
+    if flags:
+        assert expected != [pytest.approx(r, abs=1e-3) for r in default], f"{case} is not visible on this data"
+
+
+# ---------------------------------------------------------------------------------------------
 # Completeness: a new flag or key fails here until it is pinned above
 # ---------------------------------------------------------------------------------------------
 
@@ -1116,6 +1269,9 @@ PINNED_ROUTE_FLAGS: dict[str, str] = {
     "--gigpo-state": "test_cli_route_gigpo_flags",
     "--turn-lambda": "test_cli_route_turn_reward_flags",
     "--turn-gamma": "test_cli_route_turn_reward_flags",
+    "--info-weight": "test_cli_route_info_gain_flags",
+    "--info-gate-temperature": "test_cli_route_info_gain_flags",
+    "--info-no-normalize": "test_cli_route_info_gain_flags",
     "--annotator": "test_cli_route_annotator_and_fallback_flags",
     "--fallback": "test_cli_route_annotator_and_fallback_flags",
 }
@@ -1162,7 +1318,11 @@ PINNED_CREDIT_KEYS: dict[str, str] = {
     **{f"gigpo.{k}": "test_gigpo_keys_reach_batch_credit" for k in ("step_advantage_w", "gamma", "mode", "eps")},
     "gigpo.state": "test_cli_route_gigpo_flags (--gigpo-state)",
     **{f"turn_reward.{f.name}": "test_turn_reward_keys_reach_batch_credit" for f in fields(TurnRewardConfig)},
+    **{key: "test_info_gain_keys_reach_batch_credit" for key in INFO_KEYS},
 }
+#: credit.info_gain keys used by the trainer's masked forward passes, not by the math: pinned in
+#: tests/verl/test_info_gain_trainer.py (a non-default placeholder reaches the masked rows)
+TRAINER_INFO_GAIN_KEYS = {"placeholder"}
 #: credit.call_credit keys applied by the trainer after routing (token fusion, RV reward, replays):
 #: pinned in tests/verl (test_trainer.py, test_trainer_call_extras.py) and tests/test_call_extras.py,
 #: not reachable from compute_batch_credit or `verl-credit route`
@@ -1178,11 +1338,13 @@ TRAINER_CALL_CREDIT_KEYS = {
 
 
 def test_every_credit_math_key_is_pinned() -> None:
-    keys = {f.name for f in fields(CreditConfig) if f.name not in ("iapo", "call_credit", "gigpo", "turn_reward")}
+    sections = ("iapo", "call_credit", "gigpo", "turn_reward", "info_gain")
+    keys = {f.name for f in fields(CreditConfig) if f.name not in sections}
     keys |= {f"iapo.{f.name}" for f in fields(IAPOConfig)}
     keys |= {f"call_credit.{f.name}" for f in fields(CallCreditConfig) if f.name not in TRAINER_CALL_CREDIT_KEYS}
     keys |= {f"gigpo.{f.name}" for f in fields(GiGPOConfig)}
     keys |= {f"turn_reward.{f.name}" for f in fields(TurnRewardConfig)}
+    keys |= {f"info_gain.{f.name}" for f in fields(InfoGainConfig) if f.name not in TRAINER_INFO_GAIN_KEYS}
     unpinned = sorted(keys - set(PINNED_CREDIT_KEYS))
     assert not unpinned, f"credit keys without a math pin in this file: {unpinned}"
     assert TRAINER_CALL_CREDIT_KEYS <= {f.name for f in fields(CallCreditConfig)}

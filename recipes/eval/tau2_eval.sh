@@ -9,14 +9,21 @@
 # `python -m verl.model_merger merge --backend fsdp`; a Hugging Face directory or hub id is used as is;
 # (2) the policy is served with `vllm serve … --enable-auto-tool-choice --tool-call-parser hermes` on POLICY_GPUS
 # (skip both by setting POLICY_BASE_URL to an already served policy); (3) every test task is played TRIALS times
-# against tau2's simulated user (USER_BASE_URL, e.g. Qwen3-32B from scripts/serve_annotator.sh) and scored by tau2's
-# evaluator. Finished trials are kept in $OUT_DIR/results.jsonl, so a rerun resumes.
+# against tau2's simulated user and scored by tau2's evaluator. Finished trials are kept in $OUT_DIR/results.jsonl,
+# so a rerun resumes.
+# The simulated user is a held-out one (USER_BASE_URL / USER_MODEL: any OpenAI-compatible server, e.g.
+# MODEL=<hf id> PORT=8002 bash scripts/serve_annotator.sh --enable-auto-tool-choice --tool-call-parser hermes):
+# a policy trained against one user model learns its habits, so scoring it against the same user flatters it.
+# The training user (TRAIN_USER_BASE_URL / TRAIN_USER_MODEL, the training recipes' USER_BASE_URL / USER_MODEL) is
+# refused as the evaluation user unless SAME_USER=1; both are recorded in every result line and the metrics JSON.
 #
-#   CKPT=~/ckpt/verl_credit_tau2/iapo_qwen3_8b_tau2/global_step_150/actor USER_BASE_URL=http://<server>:8000/v1 \
-#       bash recipes/eval/tau2_eval.sh [extra evaluate.py flags, e.g. --save-messages]
+#   CKPT=~/ckpt/verl_credit_tau2/iapo_qwen3_8b_tau2/global_step_150/actor USER_BASE_URL=http://<server>:8002/v1 \
+#       USER_MODEL=<held-out user> bash recipes/eval/tau2_eval.sh [extra evaluate.py flags, e.g. --save-messages]
 #   DRY_RUN=1 CKPT=Qwen/Qwen3-8B bash recipes/eval/tau2_eval.sh      # print the plan, no GPU, no request
 # Knobs: CKPT, OUT_DIR, TRIALS [4], MAX_TURNS [30], SPLIT [test], DOMAINS, TEMPERATURE [0.0: tau2's default],
-# POLICY_TP [1], POLICY_GPUS [0], POLICY_PORT [8100], POLICY_BASE_URL, USER_BASE_URL, USER_MODEL [Qwen/Qwen3-32B],
+# POLICY_TP [1], POLICY_GPUS [0], POLICY_PORT [8200], POLICY_BASE_URL, USER_BASE_URL [http://127.0.0.1:8002/v1],
+# USER_MODEL [Qwen/Qwen3-32B], TRAIN_USER_BASE_URL [http://127.0.0.1:8100/v1, the training recipes' default], TRAIN_USER_MODEL [Qwen/Qwen3-32B],
+# SAME_USER [0: refuse the training user's URL as the evaluation user; 1: allow it],
 # POLICY_MODEL_NAME [policy] (with POLICY_BASE_URL), CONCURRENCY [32], MAX_MODEL_LEN [32768], PYTHON [python3], DRY_RUN [0],
 # MAX_PARALLEL_CALLS [16: tool calls executed per assistant turn, as the training recipes' verl
 # multi_turn.max_parallel_calls], ENDPOINT_USE_PROXY [0: the recipe's curl checks and the runner's HTTP clients go
@@ -36,13 +43,17 @@ TEMPERATURE=${TEMPERATURE:-0.0}
 CONCURRENCY=${CONCURRENCY:-32}
 POLICY_TP=${POLICY_TP:-1}
 POLICY_GPUS=${POLICY_GPUS:-0}
-POLICY_PORT=${POLICY_PORT:-8100}
+POLICY_PORT=${POLICY_PORT:-8200}
 MAX_MODEL_LEN=${MAX_MODEL_LEN:-32768}
-USER_BASE_URL=${USER_BASE_URL:-http://127.0.0.1:8000/v1}
+USER_BASE_URL=${USER_BASE_URL:-http://127.0.0.1:8002/v1}
 USER_MODEL=${USER_MODEL:-Qwen/Qwen3-32B}
+TRAIN_USER_BASE_URL=${TRAIN_USER_BASE_URL:-http://127.0.0.1:8100/v1}
+TRAIN_USER_MODEL=${TRAIN_USER_MODEL:-Qwen/Qwen3-32B}
+SAME_USER=${SAME_USER:-0}
 ENDPOINT_USE_PROXY=${ENDPOINT_USE_PROXY:-0}
 case "$DRY_RUN" in 0 | 1) ;; *) echo "DRY_RUN must be 0 or 1" >&2 && exit 2 ;; esac
 case "$ENDPOINT_USE_PROXY" in 0 | 1) ;; *) echo "ENDPOINT_USE_PROXY must be 0 or 1" >&2 && exit 2 ;; esac
+case "$SAME_USER" in 0 | 1) ;; *) echo "SAME_USER must be 0 or 1" >&2 && exit 2 ;; esac
 CURL=(curl -sf --noproxy '*')
 TRUST_ENV=()
 if [[ "$ENDPOINT_USE_PROXY" == 1 ]]; then
@@ -94,6 +105,10 @@ fi
 USER_URLS=()
 IFS=, read -r -a user_urls <<<"$USER_BASE_URL"
 for url in "${user_urls[@]}"; do USER_URLS+=(--user-base-url "$url"); done
+IFS=, read -r -a train_urls <<<"$TRAIN_USER_BASE_URL"
+for url in "${train_urls[@]}"; do USER_URLS+=(--training-user-base-url "$url"); done
+USER_URLS+=(--training-user-model "$TRAIN_USER_MODEL")
+if [[ "$SAME_USER" == 1 ]]; then USER_URLS+=(--same-user); fi
 EVALUATE=(
     "$PYTHON" -m verl_credit.envs.tau2.evaluate run
     --policy-base-url "$POLICY_BASE_URL" --policy-model "$POLICY_MODEL" --temperature "$TEMPERATURE"

@@ -36,7 +36,9 @@ __all__ = [
 ]
 
 #: what an estimator may need from a finished rollout
-NEEDS: tuple[str, ...] = ("influence_graphs", "call_graphs", "anchor_states", "turn_rewards")
+#: (``information_gains``: per-action teacher-forced information gains, from the trainer's extra
+#: forward passes or a rollouts file)
+NEEDS: tuple[str, ...] = ("influence_graphs", "call_graphs", "anchor_states", "turn_rewards", "information_gains")
 #: the estimators shipped with verl-credit, imported on first use of the registry
 BUILTIN_MODULES: tuple[str, ...] = (
     "verl_credit.estimators.grpo",
@@ -44,6 +46,7 @@ BUILTIN_MODULES: tuple[str, ...] = (
     "verl_credit.estimators.call_credit",
     "verl_credit.estimators.gigpo",
     "verl_credit.estimators.turn_reward",
+    "verl_credit.estimators.info_gain",
 )
 _ENV_MODULES = "VERL_CREDIT_ESTIMATORS"
 
@@ -59,6 +62,7 @@ class EstimatorInputs:
     call_graphs: Sequence[CallGraph] | None = None
     anchor_states: Sequence[Sequence[str]] | None = None
     turn_rewards: Sequence[Sequence[float] | None] | None = None
+    information_gains: Sequence[Sequence[float | None] | None] | None = None
 
 
 @dataclass
@@ -85,6 +89,9 @@ class Estimator:
     call_credit_parts: ClassVar[bool] = False
     #: whether the influence-graph metrics (edges per action, error rate) describe its credit
     routes_influence_graphs: ClassVar[bool] = False
+    #: whether a group's credit depends on the other groups of the batch (batch-level statistics):
+    #: then ``verl-credit route`` routes a file as one batch instead of group by group
+    couples_groups: ClassVar[bool] = False
 
     def trajectory_advantage(self, scores: torch.Tensor, index: Sequence[Any], config: CreditConfig) -> torch.Tensor:
         """``(B,)`` ``A_tau``: GRPO's group-normalized advantage (``credit.norm_adv_by_std_in_grpo``,

@@ -16,6 +16,16 @@ Command line::
         --user-base-url http://HOST:8000/v1 --user-model Qwen/Qwen3-32B --split test --trials 4 --out results.jsonl
     python -m verl_credit.envs.tau2.evaluate score results.jsonl [--json metrics.json]
 
+The simulated user of an evaluation is its own: ``--user-base-url`` / ``--user-model`` name any
+OpenAI-compatible server, and it should be held out -- a policy trained against one user model
+can learn that model's habits (what it accepts, how it phrases a confirmation), which inflates
+pass^k measured against the same user. ``--training-user-base-url`` / ``--training-user-model``
+name the user the policy was trained against: an evaluation user at one of its URLs is refused
+unless ``--same-user`` is given (URLs compared after normalization: scheme and host lowercased,
+``localhost`` = ``127.0.0.1``, default ports and trailing slashes dropped). Both users are
+recorded in every result line (``user``, ``training_user``, ``same_user``) and in the metrics
+JSON (``users``); a results file holding trials of another evaluation user is refused on resume.
+
 Episodes follow training: ``--max-parallel-calls`` (default 16) is verl's
 ``multi_turn.max_parallel_calls`` (calls past it in one assistant turn are dropped, counted in
 ``dropped_tool_calls``), ``--max-steps`` / ``--max-errors`` tau2's limits (defaults 200 / 10, as
@@ -35,16 +45,20 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from verl_credit.envs.tau2.runner import DEFAULT_MAX_PARALLEL_CALLS
 from verl_credit.envs.tau2.termination import DEFAULT_MAX_ERRORS, DEFAULT_MAX_STEPS
 
 __all__ = [
     "PassHatK",
+    "UserSetup",
+    "check_held_out_user",
     "compute_pass_hat_k",
     "episode_summary",
     "is_success",
     "main",
+    "normalize_url",
     "pass_hat_k",
 ]
 
@@ -170,6 +184,84 @@ def episode_summary(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
 # -- command line --------------------------------------------------------------------------------
 
 
+# -- the held-out user -----------------------------------------------------------------------------
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+_LOOPBACK = {"localhost", "127.0.0.1", "::1", "[::1]", "0.0.0.0"}
+
+
+def normalize_url(url: str) -> str:
+    """``scheme://host:port/path`` with scheme and host lowercased, loopback names as
+    ``127.0.0.1``, the port explicit and trailing slashes dropped (two spellings of one server
+    compare equal)."""
+    parts = urlsplit(url.strip())
+    scheme = (parts.scheme or "http").lower()
+    host = (parts.hostname or "").lower()
+    host = "127.0.0.1" if host in _LOOPBACK else host
+    port = parts.port or _DEFAULT_PORTS.get(scheme)
+    return f"{scheme}://{host}:{port}{parts.path.rstrip('/')}"
+
+
+@dataclass(frozen=True)
+class UserSetup:
+    """The evaluation's simulated user and the one the policy was trained against."""
+
+    base_urls: tuple[str, ...]
+    model: str
+    training_base_urls: tuple[str, ...] = ()
+    training_model: str | None = None
+    same_user: bool = False
+    """``--same-user``: evaluating against the training user on purpose."""
+
+    def shared_urls(self) -> list[str]:
+        training = {normalize_url(url) for url in self.training_base_urls}
+        return [url for url in self.base_urls if normalize_url(url) in training]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "user": {"base_urls": list(self.base_urls), "model": self.model},
+            "training_user": (
+                {"base_urls": list(self.training_base_urls), "model": self.training_model}
+                if self.training_base_urls or self.training_model
+                else None
+            ),
+            "same_user": self.same_user or bool(self.shared_urls()),
+        }
+
+
+def check_held_out_user(users: UserSetup) -> list[str]:
+    """Raise ``ValueError`` when an evaluation user URL is one of the training user's (unless
+    ``same_user``); return warnings (no training user given, or the same model behind another URL)."""
+    shared = users.shared_urls()
+    if shared and not users.same_user:
+        raise ValueError(
+            f"the evaluation user {shared[0]} is the training user ({', '.join(users.training_base_urls)}): "
+            "evaluate against a held-out user (another server and model: --user-base-url, --user-model), "
+            "or pass --same-user to measure against the training user on purpose"
+        )
+    warnings = []
+    if not users.training_base_urls:
+        warnings.append("no --training-user-base-url: cannot check that the evaluation user is held out")
+    elif not shared and users.training_model is not None and users.training_model == users.model:
+        warnings.append(
+            f"the evaluation user serves the training user's model ({users.model}) behind another URL: "
+            "not a held-out user model"
+        )
+    return warnings
+
+
+def _check_resumed_user(records: list[dict[str, Any]], users: UserSetup, path: Path) -> None:
+    """A results file holds the trials of one evaluation user: resuming with another is refused."""
+    expected = users.to_json()["user"]
+    for line, record in enumerate(records, start=1):
+        found = record.get("user")
+        if found is not None and found != expected:
+            raise ValueError(
+                f"{path}:{line}: user: the trials were played against {found}, not {expected}; "
+                "write the new evaluation to another --out"
+            )
+
+
 def _read_records(path: Path) -> list[dict[str, Any]]:
     records = []
     with path.open() as handle:
@@ -189,7 +281,11 @@ def _metrics(records: list[dict[str, Any]], max_k: int | None = None) -> dict[st
     summary = episode_summary(records)
     print(format_table(result))
     print(json.dumps({"summary": summary}))
-    return {**result.to_json(), "summary": summary}
+    metrics = {**result.to_json(), "summary": summary}
+    recorded = next((r for r in records if "user" in r), None)
+    if recorded is not None:  # trials played by this module carry both users
+        metrics["users"] = {key: recorded.get(key) for key in ("user", "training_user", "same_user")}
+    return metrics
 
 
 def _score(args: argparse.Namespace) -> int:
@@ -214,7 +310,7 @@ def _episodes(args: argparse.Namespace) -> list[dict[str, Any]]:
     return [{"domain": d, "task_id": t, "trial": trial} for d, t in tasks for trial in range(args.trials)]
 
 
-async def _run_all(args: argparse.Namespace, episodes: list[dict[str, Any]]) -> None:
+async def _run_all(args: argparse.Namespace, episodes: list[dict[str, Any]], users: UserSetup) -> None:
     from verl_credit.envs.tau2.env import Tau2Environment
     from verl_credit.envs.tau2.runner import PolicyClient, PolicyConfig, run_episode
     from verl_credit.openai_chat import make_async_client
@@ -254,20 +350,32 @@ async def _run_all(args: argparse.Namespace, episodes: list[dict[str, Any]]) -> 
                     )
                 finally:
                     await env.close()
+                record = {**result.to_record(with_messages=args.save_messages), **users.to_json()}
                 async with lock:
                     with out.open("a") as handle:
-                        handle.write(json.dumps(result.to_record(with_messages=args.save_messages)) + "\n")
+                        handle.write(json.dumps(record) + "\n")
 
         await asyncio.gather(*(one(episode) for episode in episodes))
 
 
 def _run(args: argparse.Namespace) -> int:
     args.domains = [d for d in args.domains.split(",") if d]
+    users = UserSetup(
+        base_urls=tuple(args.user_base_url),
+        model=args.user_model,
+        training_base_urls=tuple(args.training_user_base_url or ()),
+        training_model=args.training_user_model,
+        same_user=args.same_user,
+    )
+    for warning in check_held_out_user(users):
+        print(f"evaluate: warning: {warning}", file=sys.stderr)
     episodes = _episodes(args)
     out = Path(args.out)
     done: set[tuple[str, str, int]] = set()
     if out.exists():
-        done = {(str(r["domain"]), str(r["task_id"]), int(r["trial"])) for r in _read_records(out)}
+        existing = _read_records(out)
+        _check_resumed_user(existing, users, out)
+        done = {(str(r["domain"]), str(r["task_id"]), int(r["trial"])) for r in existing}
     todo = [e for e in episodes if (e["domain"], e["task_id"], e["trial"]) not in done]
     plan = {
         "episodes": len(episodes),
@@ -279,14 +387,14 @@ def _run(args: argparse.Namespace) -> int:
         "max_steps": args.max_steps,
         "max_errors": args.max_errors,
         "policy": {"base_url": args.policy_base_url, "model": args.policy_model, "temperature": args.temperature},
-        "user": {"base_urls": args.user_base_url, "model": args.user_model},
+        **users.to_json(),
         "out": str(out),
     }
     print(json.dumps(plan), flush=True)
     if args.dry_run:
         return 0
     out.parent.mkdir(parents=True, exist_ok=True)
-    asyncio.run(_run_all(args, todo))
+    asyncio.run(_run_all(args, todo, users))
     metrics = _metrics(_read_records(out))
     out.with_suffix(".metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     return 0
@@ -303,6 +411,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--policy-model", required=True, help="served model name of the policy")
     run.add_argument("--user-base-url", action="append", required=True, help="user-simulator endpoint(s) (…/v1)")
     run.add_argument("--user-model", required=True, help="served model name of the user simulator")
+    run.add_argument(
+        "--training-user-base-url",
+        action="append",
+        default=None,
+        help="endpoint(s) of the user the policy was trained against: an evaluation user there is refused",
+    )
+    run.add_argument("--training-user-model", default=None, help="served model name of the training user")
+    run.add_argument(
+        "--same-user", action="store_true", help="evaluate against the training user on purpose (not held out)"
+    )
     run.add_argument("--split", default="test", help="tau2 task split (default: test)")
     run.add_argument("--data", default=None, help="a prepared parquet (scripts/prepare_tau2.py) instead of --split")
     run.add_argument("--domains", default="airline,retail,telecom")
