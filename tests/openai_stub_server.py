@@ -5,7 +5,8 @@ It speaks just enough HTTP/1.1 (keep-alive, ``Content-Length`` bodies) for ``htt
 
 * ``POST /v1/chat/completions`` -- the next scripted :class:`Reply`, else ``responder(request)``,
   else ``default``;
-* ``GET /v1/models`` and ``GET /health`` -- always 200 (what ``scripts/serve_annotator.sh`` polls);
+* ``GET /v1/models`` and ``GET /health`` -- always 200 (what ``scripts/serve_annotator.sh`` polls;
+  ``models_reply`` replaces the model list, e.g. with an oversized or compressed body);
 
 and logs every request (:attr:`OpenAIStubServer.requests`). Faults are replies too: an HTTP
 error with headers (``Reply.error(429, headers={"Retry-After": "1"})``), a slow answer
@@ -230,6 +231,8 @@ class OpenAIStubServer:
         """Chat requests received and not yet answered."""
         self.max_in_flight = 0
         """The largest ``in_flight`` seen (checks a client's concurrency bound)."""
+        self.models_reply: Reply | None = None
+        """The answer of ``GET /v1/models`` when set (default: the one-model list)."""
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> OpenAIStubServer:
@@ -384,6 +387,10 @@ class OpenAIStubServer:
                 self._requests.append(request)
         if method == "GET" and path in ("/health", "/v1/health"):
             await self._send(writer, 200, b"", {}, "text/plain")
+            return True
+        if method == "GET" and path == "/v1/models" and self.models_reply is not None:
+            reply = self.models_reply
+            await self._send(writer, reply.status, reply.body or b"", reply.headers, reply.content_type)
             return True
         if method == "GET" and path == "/v1/models":
             models = {"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "stub"}]}

@@ -168,6 +168,46 @@ def test_constraints_keep_the_torch_verl_0_9_1_pins() -> None:
     assert "--constraint /tmp/constraints.txt" in text
 
 
+def _constraints(text: str) -> dict[str, str]:
+    """``{package: version}`` the Dockerfile writes into /tmp/constraints.txt (its ``printf`` RUN)."""
+    run = next(i.args for i in parse_dockerfile(text) if i.keyword == "RUN" and "/tmp/constraints.txt" in i.args)
+    return dict(word.split("==", 1) for word in shlex.split(run) if "==" in word)
+
+
+def _lock_versions() -> dict[str, str]:
+    """``{package: version}`` of the CPU lock (recipes/cpu/requirements.lock)."""
+    lock = (ROOT / "recipes" / "cpu" / "requirements.lock").read_text()
+    return dict(re.findall(r"^([A-Za-z0-9_.\-]+)==([^\s\\]+)", lock, flags=re.MULTILINE))
+
+
+def test_constraints_pin_transformers_and_transferqueue_to_the_cpu_locks_versions() -> None:
+    """pip must not float the pure-Python parts of the tested stack away (transformers<5.11 and
+    transferqueue>=0.1.10 are ranges): the image pins the CPU lock's versions of them."""
+    pins = _constraints(DOCKERFILE.read_text())
+    lock = _lock_versions()
+    for package in ("transformers", "TransferQueue", "tensordict"):
+        assert pins.get(package) == lock[package], (package, pins, lock.get(package))
+    assert (
+        pins["torch"] == "2.11.0" and pins["vllm"] == "0.24.0"
+    )  # the base image's CUDA builds, not the lock's CPU ones
+    # and the pins satisfy the package's own ranges (verl 0.9.1's and ours)
+    from packaging.requirements import Requirement
+
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    for requirement in map(Requirement, pyproject["project"]["dependencies"]):
+        version = next((v for name, v in pins.items() if name.lower() == requirement.name.lower()), None)
+        if version is not None:
+            assert requirement.specifier.contains(version), (str(requirement), version)
+
+
+def test_dockerfile_states_the_host_driver_the_cuda_base_needs() -> None:
+    header = DOCKERFILE.read_text().split("FROM")[0]
+    assert "CUDA 13.0" in header and "NVIDIA driver" in header
+    (driver,) = re.findall(r">= (\d+)\.(\d+)\.(\d+)", header)
+    assert int(driver[0]) >= 580  # CUDA 13.0 needs the R580 branch
+    assert "--gpus all" in header
+
+
 @pytest.mark.parametrize(
     ("dockerfile", "rule"),
     [

@@ -1,4 +1,5 @@
-"""scripts/prepare_tau2.py: the paper's train split and tau2's test split as verl parquet files.
+"""scripts/prepare_tau2.py: tau2's train split (less a validation split carved out of it) and its
+test split as verl parquet files.
 
 Expected counts come from the tau2 package's own split files (``split_tasks.json`` of each domain),
 read here directly with ``json``, independently of the code under test.
@@ -40,20 +41,52 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def test_train_is_30_74_74_and_test_is_the_tau2_test_split(prepared: Path) -> None:
+def _counts(frame: pd.DataFrame) -> dict[str, int]:
+    return frame["extra_info"].map(lambda info: info["domain"]).value_counts().to_dict()
+
+
+def _ids(frame: pd.DataFrame, domain: str | None = None) -> list[tuple[str, str]]:
+    return [(i["domain"], i["task_id"]) for i in frame["extra_info"] if domain in (None, i["domain"])]
+
+
+def test_val_is_carved_out_of_train_and_test_is_the_tau2_test_split(prepared: Path) -> None:
     train = pd.read_parquet(prepared / "train.parquet")
+    val = pd.read_parquet(prepared / "val.parquet")
     test = pd.read_parquet(prepared / "test.parquet")
-    train_counts = train["extra_info"].map(lambda info: info["domain"]).value_counts().to_dict()
-    test_counts = test["extra_info"].map(lambda info: info["domain"]).value_counts().to_dict()
-    assert train_counts == {"airline": 30, "retail": 74, "telecom": 74} and len(train) == 178
-    assert test_counts == {"airline": 20, "retail": 40, "telecom": 40} and len(test) == 100
-    for frame, split in ((train, "train"), (test, "test")):
-        for domain in DOMAINS:
-            ids = [info["task_id"] for info in frame["extra_info"] if info["domain"] == domain]
-            assert ids == _split_file(domain)[split]  # same tasks, same order as tau2's split file
-    train_ids = {(i["domain"], i["task_id"]) for i in train["extra_info"]}
-    test_ids = {(i["domain"], i["task_id"]) for i in test["extra_info"]}
-    assert not train_ids & test_ids  # held out
+    # the stated sizes: 5 / 10 / 10 of tau2's 30 / 74 / 74 train tasks validate, the rest train
+    assert _counts(val) == {"airline": 5, "retail": 10, "telecom": 10} and len(val) == 25
+    assert _counts(train) == {"airline": 25, "retail": 64, "telecom": 64} and len(train) == 153
+    assert _counts(test) == {"airline": 20, "retail": 40, "telecom": 40} and len(test) == 100
+    for domain in DOMAINS:
+        split = _split_file(domain)
+        # train + val are tau2's train split, disjoint, each in the split file's order
+        carved = {task for _, task in _ids(val, domain)}
+        assert [task for _, task in _ids(train, domain)] == [t for t in split["train"] if t not in carved]
+        assert [task for _, task in _ids(val, domain)] == [t for t in split["train"] if t in carved]
+        assert [task for _, task in _ids(test, domain)] == split["test"]
+    assert not set(_ids(train)) & set(_ids(val)) and not (set(_ids(train)) | set(_ids(val))) & set(_ids(test))
+    for frame, split_name in ((train, "train"), (val, "val"), (test, "test")):
+        assert set(frame["extra_info"].map(lambda i: i["split"])) == {split_name}
+        assert list(frame["extra_info"].map(lambda i: i["index"])) == list(range(len(frame)))
+
+
+def test_the_validation_draw_is_fixed_by_its_seed(prepared: Path, tmp_path: Path) -> None:
+    script = _load_script()
+    assert script.main(["--out", str(tmp_path / "again")]) == 0
+    assert _ids(pd.read_parquet(tmp_path / "again" / "val.parquet")) == _ids(pd.read_parquet(prepared / "val.parquet"))
+    assert script.main(["--out", str(tmp_path / "other"), "--val-seed", "1"]) == 0
+    assert _ids(pd.read_parquet(tmp_path / "other" / "val.parquet")) != _ids(pd.read_parquet(prepared / "val.parquet"))
+
+
+def test_val_tasks_zero_keeps_the_papers_178_train_tasks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = _load_script()
+    (tmp_path / "val.parquet").write_bytes(b"stale")  # a file of an earlier carve must not survive
+    assert script.main(["--out", str(tmp_path), "--val-tasks", "airline=0,retail=0,telecom=0"]) == 0
+    assert len(pd.read_parquet(tmp_path / "train.parquet")) == 178 and not (tmp_path / "val.parquet").exists()
+    assert script.main(["--out", str(tmp_path), "--val-tasks", "airline=30"]) == 2
+    assert "--val-tasks airline=30: airline has 30 train tasks; take 0 to 29" in capsys.readouterr().err
+    assert script.main(["--out", str(tmp_path), "--val-tasks", "bank=3"]) == 2
+    assert "expected DOMAIN=COUNT" in capsys.readouterr().err
 
 
 def test_rows_carry_what_the_agent_loop_needs(prepared: Path) -> None:
@@ -72,7 +105,7 @@ def test_rows_carry_what_the_agent_loop_needs(prepared: Path) -> None:
         # nothing unread rides along with every rollout (the environment builds prompt and tools)
         assert set(info) == {"env", "domain", "task_id", "split", "index", "reward_basis"}
         assert list(info["reward_basis"]) == (["ENV_ASSERTION"] if domain == "telecom" else ["DB", "COMMUNICATE"])
-    assert list(train["extra_info"].map(lambda i: i["index"])) == list(range(178))
+    assert list(train["extra_info"].map(lambda i: i["index"])) == list(range(153))
 
 
 def _tiny_chat_tokenizer() -> Any:
@@ -113,15 +146,14 @@ def test_verl_rlhf_dataset_reads_the_files(prepared: Path, tmp_path: Path) -> No
         }
     )
     dataset = RLHFDataset(str(prepared / "train.parquet"), tokenizer, config)
-    assert len(dataset) == 178
+    assert len(dataset) == 153
     row = dataset[0]
     assert row["raw_prompt"][0]["role"] == "system" and row["data_source"] == "tau2/airline"
-    assert (
-        row["extra_info"]["domain"] == "airline" and row["extra_info"]["task_id"] == _split_file("airline")["train"][0]
-    )
+    airline_train = [task for _, task in _ids(pd.read_parquet(prepared / "train.parquet"), "airline")]
+    assert row["extra_info"]["domain"] == "airline" and row["extra_info"]["task_id"] == airline_train[0]
     assert row["agent_name"] == "credit_agent"
     batch = collate_fn([dataset[i] for i in range(4)])
-    assert [info["task_id"] for info in batch["extra_info"]] == _split_file("airline")["train"][:4]
+    assert [info["task_id"] for info in batch["extra_info"]] == airline_train[:4]
 
     # the length filter really tokenizes the rows: with a 1000-token budget every system prompt is too long
     config.max_prompt_length = 1000
@@ -136,5 +168,6 @@ def test_bad_domains_are_rejected(tmp_path: Path, capsys: pytest.CaptureFixture[
 
 def test_one_domain_only(tmp_path: Path) -> None:
     assert _load_script().main(["--out", str(tmp_path), "--domains", "airline"]) == 0
-    assert len(pd.read_parquet(tmp_path / "train.parquet")) == 30
+    assert len(pd.read_parquet(tmp_path / "train.parquet")) == 25
+    assert len(pd.read_parquet(tmp_path / "val.parquet")) == 5
     assert len(pd.read_parquet(tmp_path / "test.parquet")) == 20

@@ -463,6 +463,7 @@ def test_full_telecom_episode_over_http_with_dual_control(stub_server: OpenAIStu
     )
     assert [m["role"] for m in result.messages] == [
         "system",
+        "assistant",  # tau2's greeting, in the agent's own history as tau2's orchestrator puts it
         "user",
         "assistant",
         "tool",
@@ -471,7 +472,8 @@ def test_full_telecom_episode_over_http_with_dual_control(stub_server: OpenAIStu
         "assistant",
         "user",
     ]
-    assert '"customer_id"' in result.messages[3]["content"]  # real telecom DB lookup
+    assert result.messages[1]["content"] == "Hi! How can I help you today?"
+    assert '"customer_id"' in result.messages[4]["content"]  # real telecom DB lookup
     # reward is tau2's evaluation: roaming still off abroad, so the data assertions fail -> 0
     assert result.reward == tau2_reference_reward("telecom", task, env) == 0.0
     assert result.reward_info["reward_basis"] == ["ENV_ASSERTION"]
@@ -607,9 +609,11 @@ def test_credit_agent_loop_plays_a_tau2_episode(stub_server: OpenAIStubServer, m
     assert output.reward_score == 1.0  # tau2's evaluation reached verl's reward
     payload = output.extra_fields["credit"]
     roles = [m["role"] for m in payload["messages"]]
-    assert roles == ["system", "user", "assistant", "tool", "assistant", "user"]
+    assert roles == ["system", "assistant", "user", "assistant", "tool", "assistant", "user"]
     assert payload["messages"][0]["content"] == agent_system_prompt("airline")
-    assert '"user_id": "mei_brown_7075"' in payload["messages"][3]["content"]  # the real airline DB answered
+    assert payload["messages"][1]["content"] == "Hi! How can I help you today?"  # tau2's greeting: context
+    assert payload["action_lengths"][0] == 0 and payload["num_actions"] == 3  # ... never trained
+    assert '"user_id": "mei_brown_7075"' in payload["messages"][4]["content"]  # the real airline DB answered
     assert payload["messages"][-1]["content"] == "OK, thanks anyway. ###STOP###"
     assert payload["stop_reason"] == "user_done" and payload["env"] == "tau2"
     # the simulated user saw the agent's refusal as its last (flipped) message

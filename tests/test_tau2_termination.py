@@ -287,6 +287,99 @@ def test_termination_matches_tau2s_orchestrator(name: str) -> None:
         assert result.reward == 0.0 and env.reward_info.info["note"].startswith("Simulation terminated prematurely")
 
 
+def tau2_agent_histories(domain: str, task_id: str, agent: Sequence[Turn], user: Sequence[Turn]) -> list[list[Any]]:
+    """What tau2's own Orchestrator gives its agent: the history of every ``generate_next_message``
+    (the ``message_history`` of ``get_init_state`` plus each incoming message, as ``LLMAgent`` keeps
+    them), as ``(role, text)`` pairs."""
+    from tau2.agent.base import BaseAgent
+    from tau2.data_model.message import MultiToolMessage
+    from tau2.orchestrator.orchestrator import Orchestrator
+    from tau2.user.base import BaseUser
+    from tau2.user.user_simulator import UserSimulator
+
+    agent_script, user_script = collections.deque(agent), collections.deque(user)
+    history: list[Any] = []
+    seen: list[list[Any]] = []
+
+    def pair(message: Any) -> Any:
+        return (message.role, message.content)
+
+    class RecordingAgent(BaseAgent):
+        def get_init_state(self, message_history: Any = None) -> Any:
+            history.extend(pair(m) for m in message_history or [])
+            return None
+
+        def generate_next_message(self, message: Any, state: Any) -> tuple[Any, Any]:
+            incoming = message.tool_messages if isinstance(message, MultiToolMessage) else [message]
+            history.extend(pair(m) for m in incoming)
+            seen.append(list(history))
+            reply = _tau2_message(agent_script.popleft(), "assistant", len(seen))
+            history.append(pair(reply))
+            return reply, state
+
+        def stop(self, message: Any = None, state: Any = None) -> None:
+            pass
+
+    class ScriptedUser(BaseUser):
+        def get_init_state(self, message_history: Any = None) -> Any:
+            return None
+
+        def generate_next_message(self, message: Any, state: Any) -> tuple[Any, Any]:
+            return _tau2_message(user_script.popleft(), "user", len(user) - len(user_script)), state
+
+        @classmethod
+        def is_stop(cls, message: Any) -> bool:
+            return UserSimulator.is_stop(message)
+
+    Orchestrator(
+        domain=domain,
+        agent=RecordingAgent(),
+        user=ScriptedUser(),
+        environment=new_environment(domain),
+        task=get_task(domain, task_id),
+    ).run()
+    return seen
+
+
+class RecordingPolicy(ScriptedPolicy):
+    """:class:`ScriptedPolicy` that keeps the messages of every request."""
+
+    def __init__(self, script: Sequence[Turn]) -> None:
+        super().__init__(script)
+        self.histories: list[list[dict[str, Any]]] = []
+
+    async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], seed: Any = None) -> Any:
+        self.histories.append([dict(m) for m in messages])
+        return await super().complete(messages, tools, seed)
+
+
+def test_the_agent_sees_tau2s_greeting_in_its_history_as_tau2s_orchestrator_gives_it() -> None:
+    """tau2's orchestrator starts the agent's history with its greeting (``get_init_state(message_history=
+    [DEFAULT_FIRST_AGENT_MESSAGE])``), then the user's answer to it; the agent's requests here (the eval
+    runner, and the credit_agent loop through the same ``EpisodeStart.info["greeting"]``) hold the same
+    messages after the system prompt, at every turn."""
+    agent = [say("Which order?"), say("Done.")]
+    user = [say("I want to return an item."), say("Order #W1. ###STOP###")]
+    reference = tau2_agent_histories("retail", "0", agent, user)
+    endpoint, policy = ScriptedUserEndpoint(user), RecordingPolicy(agent)
+    env = make_env(endpoint)
+
+    async def play() -> Any:
+        try:
+            return await run_episode(env, {"domain": "retail", "task_id": "0"}, policy, max_turns=10)
+        finally:
+            await env.close()
+
+    asyncio.run(play())
+    ours = [[(m["role"], m["content"]) for m in history[1:]] for history in policy.histories]
+    assert policy.histories[0][0]["role"] == "system"
+    assert reference[0][0] == ("assistant", "Hi! How can I help you today?")
+    assert ours == reference
+    # tau2's own trajectory, which its evaluator reads, holds the greeting once
+    texts = [m.content for m in env.tau2_messages if m.role == "assistant"]
+    assert texts.count("Hi! How can I help you today?") == 1
+
+
 # -- the training path: call_tool without the runner's tool_step ------------------------------------
 
 
@@ -353,9 +446,9 @@ def test_runner_keeps_and_runs_the_first_max_parallel_calls_like_verl() -> None:
             await env.close()
 
     result = asyncio.run(play())
-    assistant = result.messages[2]
+    assistant = result.messages[3]  # after the system prompt, tau2's greeting and the user's reply
     assert [c["function"]["arguments"] for c in assistant["tool_calls"]] == ['{"user_id": "u0"}', '{"user_id": "u1"}']
-    assert [m["role"] for m in result.messages[3:5]] == ["tool", "tool"] and result.messages[5]["role"] == "assistant"
+    assert [m["role"] for m in result.messages[4:6]] == ["tool", "tool"] and result.messages[6]["role"] == "assistant"
     assert sum(1 for m in env.tau2_messages if m.role == "tool") == 2  # the other 3 never ran
     assert result.dropped_tool_calls == 3 and result.to_record()["dropped_tool_calls"] == 3
     summary = episode_summary([result.to_record(), {**result.to_record(), "dropped_tool_calls": 0}])

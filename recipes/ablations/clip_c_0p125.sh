@@ -3,7 +3,7 @@
 # Expected (held-out test, domain-macro pass^1): 32.92
 #   reference points: IAPO (beta+=0.05, c=0.25, neg_route=error) 42.18; GRPO 29.61.
 # Everything else is recipes/iapo/qwen3_8b_tau2.sh (same knobs; "$@" is passed through as Hydra overrides).
-#   ANNOTATOR_BASE_URL=http://<server>:8000/v1 bash recipes/ablations/clip_c_0p125.sh      (DRY_RUN=1: print config only)
+#   ANNOTATOR_BASE_URL=http://<server>:8000/v1 USER_BASE_URL=http://<server>:8100/v1 bash recipes/ablations/clip_c_0p125.sh      (DRY_RUN=1: print config only)
 set -xeuo pipefail
 
 export CLIP_C=0.125

@@ -6,7 +6,7 @@
 # (recipes/call_credit/grpo_qwen3_8b_coding.sh) on hidden-test pass rate and credit/reward_hacking_rate.
 # Hardware: 1 node x 8 GPUs. No simulated user and no annotator server (roles come from rules).
 #
-#   bash recipes/call_credit/qwen3_8b_coding.sh [hydra overrides...]      # writes $DATA_DIR/{train,test}.parquet once
+#   bash recipes/call_credit/qwen3_8b_coding.sh [hydra overrides...]      # writes $DATA_DIR/{train,val}.parquet once
 #   DRY_RUN=1 bash recipes/call_credit/qwen3_8b_coding.sh                  # print the composed config, stop before Ray
 # Knobs: recipes/common.sh, plus ESTIMATOR (call_credit|grpo), CALL_CREDIT_MODE (mass_conserving|paper),
 # CALL_CREDIT_ALPHA, CALL_CREDIT_GAMMA, RV_REWARD (off|self_correction|literal), JAIL (namespace|fallback) [namespace].
@@ -55,8 +55,8 @@ esac
 source "$RECIPES_DIR/common.sh"
 common_sections
 
-# One row per shipped task (verl_credit/envs/coding/tasks); the sandbox has no held-out split, so test = train.
-if [[ "$DRY_RUN" != 1 && ! -f "$DATA_DIR/train.parquet" ]]; then
+# One row per shipped task (verl_credit/envs/coding/tasks); the sandbox has no held-out split, so val = train.
+if [[ "$DRY_RUN" != 1 && (! -f "$DATA_DIR/train.parquet" || ! -f "$DATA_DIR/val.parquet") ]]; then
     DATA_DIR="$DATA_DIR" "$PYTHON" - <<'PY'
 import os
 import pandas as pd
@@ -70,7 +70,7 @@ rows = [
 ]
 out = os.path.expanduser(os.environ["DATA_DIR"])
 os.makedirs(out, exist_ok=True)
-for split in ("train", "test"):
+for split in ("train", "val"):
     pd.DataFrame(rows).to_parquet(os.path.join(out, f"{split}.parquet"), index=False)
 print(f"{out}: {len(rows)} coding tasks")
 PY

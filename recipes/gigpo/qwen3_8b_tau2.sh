@@ -7,11 +7,12 @@
 # gamma 0.95, mean_norm, exact-prefix states). Watch credit/anchor_match_rate: the paper's argument
 # is that free-form dialogue rarely repeats a state beyond the first turn. The paper reports no
 # GiGPO number for tau2 here (DESIGN.md section 7): this recipe has none to reproduce.
-# Hardware: 1 node x 8 GPUs for training + the user-simulator server on its own GPUs.
+# Hardware: 1 node x 8 GPUs for training + the simulated user's server on other GPUs (docs/cluster.md).
 #
-#   python scripts/prepare_tau2.py --out ~/data/tau2
-#   bash scripts/serve_annotator.sh --enable-auto-tool-choice --tool-call-parser hermes   # Qwen3-32B user, other GPUs
-#   USER_BASE_URL=http://<server>:8000/v1 bash recipes/gigpo/qwen3_8b_tau2.sh [hydra overrides...]
+#   python scripts/prepare_tau2.py --out ~/data/tau2     # train 153 + val 25 (carved out of train) + test 100 tasks
+#   PORT=8100 bash scripts/serve_annotator.sh --replicas 2 --tp 2 --enable-auto-tool-choice --tool-call-parser hermes
+#                                                        # Qwen3-32B, tau2's simulated user: :8100, :8101 (GPUs 0-3)
+#   USER_BASE_URL=http://<server>:8100/v1,http://<server>:8101/v1 bash recipes/gigpo/qwen3_8b_tau2.sh [hydra overrides...]
 #   DRY_RUN=1 bash recipes/gigpo/qwen3_8b_tau2.sh      # print the composed config, stop before Ray
 # Knobs: see recipes/common.sh; MODEL_PATH, ROLLOUT_TP, EXPERIMENT_NAME, GIGPO_STATE here.
 set -xeuo pipefail

@@ -4,11 +4,12 @@
 # Reproduces: verl/FSDP GRPO, N=16, max 30 turns, thinking off, trained on the 178-task train split.
 # Expected (held-out test, 20/40/40 tasks x 4 trials, domain-macro pass^1, recipes/eval/tau2_eval.sh):
 #   GRPO 34.79   vs   IAPO 38.40 (recipes/iapo/qwen3_4b_tau2.sh); per-domain numbers are not in DESIGN.md
-# Hardware: 1 node x 8 GPUs (paper: 8xH20) for training + the user-simulator server on its own GPUs.
+# Hardware: 1 node x 8 GPUs (paper: 8xH20) for training + the simulated user's server on other GPUs (docs/cluster.md).
 #
-#   python scripts/prepare_tau2.py --out ~/data/tau2
-#   bash scripts/serve_annotator.sh --enable-auto-tool-choice --tool-call-parser hermes   # Qwen3-32B user, other GPUs
-#   USER_BASE_URL=http://<server>:8000/v1 bash recipes/grpo/qwen3_4b_tau2.sh [hydra overrides...]
+#   python scripts/prepare_tau2.py --out ~/data/tau2     # train 153 + val 25 (carved out of train) + test 100 tasks
+#   PORT=8100 bash scripts/serve_annotator.sh --replicas 2 --tp 2 --enable-auto-tool-choice --tool-call-parser hermes
+#                                                        # Qwen3-32B, tau2's simulated user: :8100, :8101 (GPUs 0-3)
+#   USER_BASE_URL=http://<server>:8100/v1,http://<server>:8101/v1 bash recipes/grpo/qwen3_4b_tau2.sh [hydra overrides...]
 #   DRY_RUN=1 bash recipes/grpo/qwen3_4b_tau2.sh      # print the composed config, stop before Ray
 # Knobs: see recipes/common.sh; MODEL_PATH, ROLLOUT_TP, EXPERIMENT_NAME here.
 set -xeuo pipefail

@@ -6,13 +6,17 @@
 # annotator always samples at temperature 0) served by scripts/serve_annotator.sh on its own GPUs.
 # Expected (held-out test, 20/40/40 tasks x 4 trials, domain-macro pass^1, recipes/eval/tau2_eval.sh):
 #   IAPO 42.18 (airline 29.72, retail 56.88, telecom 39.93)   vs   GRPO 29.61 (recipes/grpo/qwen3_8b_tau2.sh)
-# Hardware: 1 node x 8 GPUs (paper: 8xH20) for training + the annotator / simulated-user server on its own GPUs.
+# Hardware: 1 node x 8 GPUs (paper: 8xH20) for training + 8 more GPUs for the annotator's and the simulated user's
+# servers (docs/cluster.md: the two-node layout that works, the one-node one, Ray, storage, what to watch).
 #
-#   python scripts/prepare_tau2.py --out ~/data/tau2
-#   bash scripts/serve_annotator.sh --enable-auto-tool-choice --tool-call-parser hermes   # Qwen3-32B, other GPUs:
-#                                              # IAPO annotator and tau2's simulated user (port 8000)
-#   ANNOTATOR_BASE_URL=http://<server>:8000/v1 bash recipes/iapo/qwen3_8b_tau2.sh [hydra overrides...]
+#   python scripts/prepare_tau2.py --out ~/data/tau2     # train 153 + val 25 (carved out of train) + test 100 tasks
+#   bash scripts/serve_annotator.sh --replicas 2 --tp 2  # Qwen3-32B, the IAPO annotator: :8000, :8001 (GPUs 0-3)
+#   PORT=8100 GPUS=4,5,6,7 bash scripts/serve_annotator.sh --replicas 2 --tp 2 --enable-auto-tool-choice --tool-call-parser hermes
+#                                                        # Qwen3-32B, tau2's simulated user: :8100, :8101 (GPUs 4-7)
+#   ANNOTATOR_BASE_URL=http://<server>:8000/v1,http://<server>:8001/v1 \
+#   USER_BASE_URL=http://<server>:8100/v1,http://<server>:8101/v1 bash recipes/iapo/qwen3_8b_tau2.sh [hydra overrides...]
 #   DRY_RUN=1 bash recipes/iapo/qwen3_8b_tau2.sh      # print the composed config, stop before Ray
+# Dynamic sampling (verl's group filtering) is off, as the paper trains: DYNAMIC_SAMPLING=1 switches it on.
 # Knobs: see recipes/common.sh; here MODEL_PATH, ROLLOUT_TP, EXPERIMENT_NAME, BETA_PLUS, CLIP_C, NEG_ROUTE,
 # BETA_MINUS (the ablation recipes set these).
 set -xeuo pipefail

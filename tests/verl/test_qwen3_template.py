@@ -1,7 +1,10 @@
-"""``credit_agent`` under a Qwen3-style chat template, thinking off and on.
+"""``credit_agent`` under Qwen3's chat template, thinking off and on.
 
-The tokenizer (built in code) carries :data:`verl_helpers.QWEN3_TEMPLATE`, a rendition of Qwen3's
-template: tools in ``<tools></tools>``, hermes ``<tool_call>`` blocks, tool responses merged into
+Every test runs twice: with Qwen3's own template (``tests/data/qwen3/chat_template.jinja``, the
+``chat_template`` of ``Qwen/Qwen3-0.6B`` as the Qwen team ships it, Apache-2.0; where it comes from
+and its sha256 are in ``tests/data/qwen3/NOTICE.md``) and with :data:`verl_helpers.QWEN3_TEMPLATE`, the
+rendition written for these tests. The tokenizer (built in code) carries the template. Both
+have: tools in ``<tools></tools>``, hermes ``<tool_call>`` blocks, tool responses merged into
 one ``user`` turn, an empty ``<think>\\n\\n</think>\\n\\n`` in the generation prompt when
 ``enable_thinking`` is false, and the reasoning of assistant turns before the last user query
 dropped when the history is rendered. ``enable_thinking`` reaches the template the way a run sets
@@ -12,6 +15,10 @@ it: ``+data.apply_chat_template_kwargs.enable_thinking=...`` -> ``AgentLoopBase.
 One episode, scripted token by token (:class:`verl_helpers.ScriptedTokenServer`): two tool calls
 in one turn -> two tool results; a question -> the simulated user answers "card"; a final answer
 -> the user ends the episode. With thinking on every action starts with a ``<think>`` block.
+
+With thinking on, the annotator reads the transcript without the reasoning
+(``verl_credit.verl.annotation.annotation_view``): the same actions and lengths, so the graph's
+indices and the spans still line up, but no ``<think>`` text in its prompt.
 
 What verl 0.9.1 does (checked here): it never re-renders the history. Each context message is
 rendered against a synthetic prefix and the difference is appended to the running token stream;
@@ -25,10 +32,16 @@ every generated token is trained exactly once, one assistant message per action.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
+from pathlib import Path
 
 import pytest
 from verl_helpers import ScriptedTokenServer, compose_credit_config, qwen3_tokenizer, run_session_as
+
+#: Qwen3's own chat template (tests/data/qwen3/NOTICE.md)
+OFFICIAL_TEMPLATE = Path(__file__).resolve().parents[1] / "data" / "qwen3" / "chat_template.jinja"
+OFFICIAL_SHA256 = "87a2728cb8dc9fe424d624542f6060ec05a1d285ebbec578bb078900e33396b5"
 
 TASK = {"user_replies": ["card"], "reward": 1.0}
 TOOL_CALLS = (
@@ -44,9 +57,16 @@ REASONING = (
 EMPTY_THINK = "<think>\n\n</think>\n\n"
 
 
-@pytest.fixture(scope="module")
-def qwen3_tok():
-    return qwen3_tokenizer()
+def test_the_official_template_is_the_shipped_file() -> None:
+    assert hashlib.sha256(OFFICIAL_TEMPLATE.read_bytes()).hexdigest() == OFFICIAL_SHA256
+
+
+@pytest.fixture(scope="module", params=["qwen3_official", "rendition"])
+def qwen3_tok(request):
+    tokenizer = qwen3_tokenizer()
+    if request.param == "qwen3_official":
+        tokenizer.chat_template = OFFICIAL_TEMPLATE.read_text(encoding="utf-8")
+    return tokenizer
 
 
 def _plans(thinking: bool) -> list[str]:
@@ -55,7 +75,7 @@ def _plans(thinking: bool) -> list[str]:
     return [f"<think>\n{why}\n</think>\n\n{text}" for why, text in zip(REASONING, ANSWERS, strict=True)]
 
 
-def _config(thinking: bool, layout: str = "merged"):
+def _config(thinking: bool, layout: str = "merged", *overrides: str):
     return compose_credit_config(
         [
             "actor_rollout_ref.rollout.prompt_length=1024",
@@ -65,13 +85,14 @@ def _config(thinking: bool, layout: str = "merged"):
             "credit.annotator.in_rollout=false",
             f"credit.layout={layout}",
             f"+data.apply_chat_template_kwargs.enable_thinking={thinking}",
+            *overrides,
         ]
     )
 
 
-def _run(tok, thinking: bool, layout: str = "merged"):
+def _run(tok, thinking: bool, layout: str = "merged", *overrides: str):
     server = ScriptedTokenServer(tok, _plans(thinking))
-    outputs, loop = asyncio.run(run_session_as(_config(thinking, layout), server, tok, TASK, "qwen3"))
+    outputs, loop = asyncio.run(run_session_as(_config(thinking, layout, *overrides), server, tok, TASK, "qwen3"))
     return outputs, loop, server
 
 
@@ -195,3 +216,62 @@ def test_user_is_not_shown_the_reasoning(qwen3_tok, orders_env_cls):
     _run(qwen3_tok, True)
     shown = orders_env_cls.shown[before]  # after action 1, the question
     assert shown[-1] == {"role": "assistant", "content": ANSWERS[1]}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("thinking", [False, True], ids=["thinking_off", "thinking_on"])
+def test_the_annotator_reads_the_transcript_without_reasoning(qwen3_tok, orders_env_cls, monkeypatch, thinking):
+    """In-rollout annotation of the same episode: the annotator gets every action, with the lengths of
+    the trained spans, and none of the reasoning; the stored transcript keeps it."""
+    from verl_credit.annotate.rules import RuleAnnotator
+
+    seen = []
+    original = RuleAnnotator.annotate_batch
+
+    async def recording(self, trajectories):
+        seen.extend(trajectories)
+        return await original(self, trajectories)
+
+    monkeypatch.setattr(RuleAnnotator, "annotate_batch", recording)
+    outputs, _, _ = _run(
+        qwen3_tok, thinking, "merged", "credit.annotator.in_rollout=true", "algorithm.adv_estimator=iapo"
+    )
+    credit = outputs[0].extra_fields["credit"]
+    (trajectory,) = seen
+    assert [a.length for a in trajectory.actions] == credit["action_lengths"]
+    assert [e - s for _, s, e in credit["spans"]] == credit["action_lengths"]  # graph indices = span actions
+    assert credit["graph"]["num_actions"] == trajectory.num_actions == 3
+    texts = [a.content for a in trajectory.actions]
+    assert texts[1:] == list(ANSWERS[1:])  # the answers, whole
+    assert [c.name for c in trajectory.actions[0].tool_calls] == ["get_order", "get_order"]
+    assert not any("think>" in text or why in text for text in texts for why in REASONING)
+    stored = [m["content"] for m in credit["messages"] if m["role"] == "assistant"]
+    assert all(("<think>" in text) is thinking for text in stored)
+
+
+def test_annotation_view_strips_reasoning_and_keeps_actions() -> None:
+    from verl_credit.trajectory import Trajectory
+    from verl_credit.verl.annotation import annotation_view
+
+    messages = [
+        {"role": "user", "content": "refund #W12"},
+        {
+            "role": "assistant",
+            "content": f"<think>\n{REASONING[0]}\n</think>\n\n",
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "get_order", "arguments": '{"order_id": "#W12"}'}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "delivered"},
+        {"role": "assistant", "content": "<think>\ncut off by the length limit"},  # unclosed: all reasoning
+        {"role": "assistant", "content": f"<think>\n{REASONING[2]}\n</think>\n\n{ANSWERS[2]}"},
+    ]
+    trajectory = Trajectory.from_messages(messages, id="t", uid="u", reward=1.0, action_token_lengths=[7, 5, 9])
+    view = annotation_view(trajectory)
+    assert [a.content for a in view.actions] == ["", "", ANSWERS[2]]
+    assert [a.length for a in view.actions] == [7, 5, 9] and view.actions[0].tool_calls == trajectory.actions[
+        0
+    ].tool_calls
+    assert (view.id, view.uid, view.reward) == ("t", "u", 1.0)
+    plain = Trajectory.from_messages([*messages[:1], {"role": "assistant", "content": "ok"}], id="p")
+    assert annotation_view(plain) is plain

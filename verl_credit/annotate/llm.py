@@ -50,7 +50,10 @@ top-level JSON object -- never an object quoted earlier in the prose. It must ke
 signs and types); an answer that breaks it is invalid (``schema``): retried, then the fallback,
 and never cached. A valid answer is validated with :func:`verl_credit.graph.validate_graph`
 (what the schema cannot exclude -- ``src >= dst``, a sign/type mismatch, duplicates -- dropped
-and counted).
+and counted), then checked against the transcript by the rules' binding checks
+(:mod:`verl_credit.annotate.edge_checks`): an edge whose unit names values that ``a_i`` did not
+supply or ``a_j`` does not use is dropped and counted (``LLMStats.unbound_edges``), so that an
+instruction planted in the transcript cannot add edges.
 On final failure the trajectory falls back to the rule annotator (``fallback="rules"``) or the
 uniform graph (``fallback="uniform"``); the failure is counted in :class:`LLMStats` and the
 result's ``source`` says ``fallback:...``. :meth:`LLMAnnotator.annotate_one` never raises for a
@@ -80,12 +83,15 @@ import httpx
 
 from verl_credit.annotate import defaults
 from verl_credit.annotate.base import AnnotationResult, Annotator, annotator_class, register_annotator, run_blocking
+from verl_credit.annotate.edge_checks import drop_unbound_edges
 from verl_credit.annotate.prompt import PROMPT_VERSION, AnnotationPrompt, build_annotation_prompt
 from verl_credit.graph import EDGE_TYPES, SIGNS, GraphValidation, InfluenceGraph, graph_json_schema, validate_graph
 from verl_credit.openai_chat import (
+    ACCEPT_ENCODING,
     RetryPolicy,
     make_async_client,
     parse_retry_after,
+    read_body,
     status_failure,
     transport_failure,
 )
@@ -137,7 +143,7 @@ MODEL_LEN_PROBE_RETRY_S = 30.0
 T = TypeVar("T")
 
 #: the version of the answer contract (:func:`answer_problems`, :func:`extract_answer`), part of the cache key
-ANSWER_CONTRACT = "answer-v2"
+ANSWER_CONTRACT = "answer-v3"  # v3: edges checked against the transcript (edge_checks)
 #: the keys every answer must have (the constrained-output schema's ``required``)
 ANSWER_KEYS: tuple[str, ...] = ("num_actions", "errors", "direct_user_inputs", "edges")
 #: the largest direct-user-input count of one action an answer may give (in the schema and checked):
@@ -195,7 +201,8 @@ class LLMStats:
     counts answers that break the answer contract (:func:`answer_problems`). ``fallbacks``:
     trajectories that fell back. ``truncated_prompts``: prompts
     whose texts were shortened to fit the budget. ``max_model_len``: the context length the last
-    budget was computed from (0: no budget).
+    budget was computed from (0: no budget). ``unbound_edges``: edges of valid answers dropped by
+    the rules' binding checks (:mod:`verl_credit.annotate.edge_checks`; also in ``repaired_edges``).
     """
 
     requests: int = 0
@@ -207,6 +214,7 @@ class LLMStats:
     completion_tokens: int = 0
     truncated_prompts: int = 0
     max_model_len: int = 0
+    unbound_edges: int = 0
 
     def count_failure(self, kind: str) -> None:
         self.failures[kind] = self.failures.get(kind, 0) + 1
@@ -222,6 +230,7 @@ class LLMStats:
             "completion_tokens": self.completion_tokens,
             "truncated_prompts": self.truncated_prompts,
             "max_model_len": self.max_model_len,
+            "unbound_edges": self.unbound_edges,
         }
 
 
@@ -785,7 +794,7 @@ class LLMAnnotator(Annotator):
                 self.stats.completion_tokens += usage[1]
                 if isinstance(outcome, AnnotationFailure):
                     raise outcome
-                return outcome
+                return await self._checked(trajectory, *outcome)
             except AnnotationFailure as failure:
                 self.stats.count_failure(failure.kind)
                 content_failure = failure.kind in ("empty", "truncated", "malformed_json", "schema")
@@ -813,6 +822,19 @@ class LLMAnnotator(Annotator):
                 self.stats.retries += 1
                 if delay > 0:
                     await asyncio.sleep(delay)
+
+    async def _checked(
+        self, trajectory: Trajectory, graph: InfluenceGraph, validation: GraphValidation
+    ) -> tuple[InfluenceGraph, GraphValidation]:
+        """The answer without the edges the rules' binding checks reject (a unit naming values
+        that neither ``a_i`` supplied nor ``a_j`` uses: a hallucination, or an instruction planted
+        in the transcript obeyed), counted in ``LLMStats.unbound_edges`` and ``repaired_edges``."""
+        if _transcript_chars(trajectory) <= INLINE_MAX_CHARS:
+            graph, validation, dropped = drop_unbound_edges(trajectory, graph, validation)
+        else:
+            graph, validation, dropped = await run_blocking(drop_unbound_edges, trajectory, graph, validation)
+        self.stats.unbound_edges += dropped
+        return graph, validation
 
     # -- endpoint health ---------------------------------------------------------------------
     def _pick_endpoint(self, avoid: int | None = None) -> int:
@@ -887,14 +909,25 @@ class LLMAnnotator(Annotator):
         deadline = min(self.timeout, 10.0)
         urls = sorted({models_url(endpoint) for endpoint in self.endpoints})
 
+        async def get_models(url: str) -> Any:
+            """The JSON of ``GET url``, its body read with the size cap (a gzip bomb stops there)."""
+            headers = {**self._headers, "Accept-Encoding": ACCEPT_ENCODING}
+            response = await client.send(client.build_request("GET", url, headers=headers), stream=True)
+            try:
+                if response.status_code != 200:
+                    return None
+                return json.loads(await read_body(response, MAX_RESPONSE_BYTES))
+            finally:
+                await response.aclose()
+
         async def ask(url: str) -> int | None:
             """The reported length, 0 if the answer has none; ``None`` when there is no answer."""
             try:
-                response = await _with_deadline(client.get(url, headers=self._headers), deadline)
-                if response.status_code != 200:
+                answer = await _with_deadline(get_models(url), deadline)
+                if not isinstance(answer, dict):
                     return None
-                entries = response.json().get("data") or []
-            except Exception:  # no answer, a transport mocked for chat only, a non-JSON body
+                entries = answer.get("data") or []
+            except Exception:  # no answer, a transport mocked for chat only, a non-JSON or oversized body
                 return None
             if not isinstance(entries, list):
                 return None

@@ -12,7 +12,16 @@ Everything CPU-bound here (the call classifier, the rule annotator) runs in a wo
 the rollout worker's event loop serves every other session (about 64) meanwhile.
 
 The trainer only *reads* these (:func:`result_from_payload`) and annotates synchronously just the
-sessions that arrive without one (:func:`annotate_now`; counted as ``credit/annotated_in_trainer``).
+sessions that arrive without one (:func:`annotate_now`; counted as ``credit/annotated_in_trainer``),
+all of them together within ``credit.annotator.deadline`` (every GPU waits meanwhile): the ones
+not done by then get ``credit.annotator.fallback`` at once (counted in ``credit/fallback_rate`` and
+``credit/trainer_annotation_timeouts``).
+
+Every annotator reads :func:`annotation_view` of a trajectory: the assistant messages without
+their reasoning (a thinking model's ``<think>...</think>`` block, which verl's tool parser leaves in
+the content). The graph is about what the agent did and said; a long reasoning block would also
+fill the annotator's prompt budget and push the answer out of it. The actions, their order and
+their token lengths are unchanged, so the graph's indices and the trained spans still line up.
 """
 
 from __future__ import annotations
@@ -23,19 +32,24 @@ import inspect
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from verl_credit.annotate.base import AnnotationResult, Annotator, annotator_class
 from verl_credit.annotate.factory import build_annotator
 from verl_credit.call_graph import CallGraph
 from verl_credit.estimators.registry import get_estimator
-from verl_credit.graph import GraphValidation, validate_graph
+from verl_credit.graph import GraphValidation, InfluenceGraph, validate_graph
+from verl_credit.openai_chat import strip_thinking
 from verl_credit.trajectory import Trajectory
 from verl_credit.verl.settings import AnnotatorSettings
 
 __all__ = [
+    "TRAINER_DEADLINE_ERROR",
     "annotate_finished_trajectory",
     "annotate_now",
+    "annotate_within_deadline",
+    "annotation_view",
     "build_call_graph",
     "make_annotator",
     "result_from_payload",
@@ -44,6 +58,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+#: ``error`` of the fallback a session gets when the trainer's own annotation passed ``credit.annotator.deadline``
+TRAINER_DEADLINE_ERROR = "the trainer's annotation passed credit.annotator.deadline"
 
 # One annotator per (process, settings): shares its concurrency limit, HTTP client and cache
 # across all sessions of a rollout worker. Keyed by the event loop too, since async clients are
@@ -107,6 +124,34 @@ def result_summary(result: AnnotationResult) -> dict[str, Any]:
     }
 
 
+def annotation_view(trajectory: Trajectory) -> Trajectory:
+    """``trajectory`` as the annotators read it: each assistant message's text without reasoning
+    (:func:`verl_credit.openai_chat.strip_thinking`: ``<think>`` blocks, everything before a lone
+    ``</think>``, an unclosed ``<think>`` to the end); tool calls, actions, order and token lengths
+    as they were. The trajectory itself when no message has reasoning."""
+    if not any(_has_reasoning(message) for message in trajectory.messages):
+        return trajectory
+    messages = [
+        {**message, "content": strip_thinking(message["content"])} if _has_reasoning(message) else message
+        for message in trajectory.messages
+    ]
+    view = Trajectory.from_messages(
+        messages,
+        id=trajectory.id,
+        uid=trajectory.uid,
+        reward=trajectory.reward,
+        action_token_lengths=[action.length for action in trajectory.actions],
+        graph=trajectory.graph,
+    )
+    view.extra = dict(trajectory.extra)
+    return view
+
+
+def _has_reasoning(message: Mapping[str, Any]) -> bool:
+    content = message.get("content")
+    return message.get("role") == "assistant" and isinstance(content, str) and "think>" in content
+
+
 async def annotate_finished_trajectory(
     trajectory: Trajectory, estimator: str, settings: AnnotatorSettings, annotator: Annotator | None = None
 ) -> dict[str, Any]:
@@ -117,8 +162,9 @@ async def annotate_finished_trajectory(
     fallbacks inside the annotator). Call graphs (``call_credit``): from the rule classifier.
     Every other estimator gets the call graph for ``credit/reward_hacking_rate`` only (anchor
     states and turn rewards need no annotation: the trainer reads them from the transcript and
-    the environment's ``turn_rewards``).
+    the environment's ``turn_rewards``). Every annotator reads :func:`annotation_view` of the trajectory.
     """
+    trajectory = annotation_view(trajectory)
     needs = get_estimator(estimator).needs
     if "influence_graphs" in needs:
         annotator = annotator or rollout_annotator(settings)
@@ -174,18 +220,20 @@ def result_from_payload(payload: Mapping[str, Any], num_actions: int) -> Annotat
 
 
 def annotate_now(trajectories: Sequence[Trajectory], settings: AnnotatorSettings) -> list[AnnotationResult]:
-    """Annotate trajectories synchronously (the trainer's path for sessions without a graph).
+    """Annotate trajectories synchronously (the trainer's path for sessions without a graph), all
+    within ``settings.deadline`` (:func:`annotate_within_deadline`), each as :func:`annotation_view`.
 
     A fresh annotator is built and closed per call, so no async client outlives its event loop.
     Works from synchronous code whether or not the calling thread runs an event loop.
     """
     if not trajectories:
         return []
+    views = [annotation_view(trajectory) for trajectory in trajectories]
 
     async def run() -> list[AnnotationResult]:
         annotator = make_annotator(settings)
         try:
-            return await annotator.annotate_batch(list(trajectories))
+            return await annotate_within_deadline(annotator, views, settings)
         finally:
             await annotator.aclose()
 
@@ -195,6 +243,61 @@ def annotate_now(trajectories: Sequence[Trajectory], settings: AnnotatorSettings
         return asyncio.run(run())
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
         return pool.submit(asyncio.run, run()).result()
+
+
+async def annotate_within_deadline(
+    annotator: Annotator, trajectories: Sequence[Trajectory], settings: AnnotatorSettings
+) -> list[AnnotationResult]:
+    """``annotator``'s results for ``trajectories`` (``settings.concurrency`` at once); those not
+    done within ``settings.deadline`` seconds (``None``: no limit), or whose annotation raised, get
+    ``settings.fallback`` (the rule annotator's graph, or the uniform graph) with
+    ``TRAINER_DEADLINE_ERROR`` or the exception as their error."""
+    semaphore = asyncio.Semaphore(max(1, settings.concurrency))
+
+    async def one(trajectory: Trajectory) -> AnnotationResult:
+        async with semaphore:
+            return (await annotator.annotate_batch([trajectory]))[0]
+
+    tasks = [asyncio.ensure_future(one(trajectory)) for trajectory in trajectories]
+    _, pending = await asyncio.wait(tasks, timeout=settings.deadline)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    results: list[AnnotationResult | None] = []
+    failed: dict[int, str] = {}
+    for number, task in enumerate(tasks):
+        if task in pending:
+            failed[number] = TRAINER_DEADLINE_ERROR
+        elif task.exception() is not None:
+            failed[number] = f"the trainer's annotation failed: {task.exception()!r}"
+        results.append(None if number in failed else task.result())
+    if failed:
+        logger.warning(
+            "credit: %d of %d sessions annotated by the trainer get the %s fallback (%s)",
+            len(failed),
+            len(tasks),
+            settings.fallback,
+            "; ".join(sorted(set(failed.values()))),
+        )
+        fallbacks = await _fallback_results([trajectories[number] for number in failed], settings)
+        for (number, error), result in zip(failed.items(), fallbacks, strict=True):
+            results[number] = replace(result, error=error)
+    return [result for result in results if result is not None]
+
+
+async def _fallback_results(trajectories: Sequence[Trajectory], settings: AnnotatorSettings) -> list[AnnotationResult]:
+    """``settings.fallback`` for ``trajectories``: the rule annotator's graphs, or uniform graphs."""
+    if settings.fallback == "rules":
+        rules = make_annotator(replace(settings, name="rules", cache_path=None))
+        try:
+            found = await rules.annotate_batch(list(trajectories))
+        finally:
+            await rules.aclose()
+        return [replace(result, source="fallback:rules") for result in found]
+    return [
+        AnnotationResult(InfluenceGraph.uniform(t.num_actions), GraphValidation(fallback=True), "fallback:uniform")
+        for t in trajectories
+    ]
 
 
 def _accepted_options(cls: Any) -> set[str] | None:

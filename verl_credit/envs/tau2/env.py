@@ -6,7 +6,9 @@ One instance plays one episode of one task, following tau2's orchestrator:
   (``initialization_data`` / ``initialization_actions``: telecom puts the user's phone into its broken
   state this way), tau2's opening agent line ``"Hi! How can I help you today?"`` and the simulated
   user's first reply. The agent sees tau2's LLM-agent system prompt (instruction + domain policy) and
-  the domain's tools as OpenAI schemas.
+  the domain's tools as OpenAI schemas; the opening line comes back as ``EpisodeStart.info["greeting"]``
+  and the drivers (the ``credit_agent`` loop, the eval runner) put it into the agent's history before
+  the user's reply, as tau2's orchestrator does (``agent.get_init_state(message_history=[greeting])``).
 - ``call_tool``: the agent's call runs against the domain environment (``Environment.get_response``,
   which also syncs the user's device state in telecom); tool errors are returned as text. The calls
   of one assistant message form one tau2 step when the driver brackets them with
@@ -330,8 +332,11 @@ class Tau2Environment(Environment):
         from tau2.data_model.message import AssistantMessage
 
         assistants = [m for m in messages if m.get("role") == "assistant"]
+        seen = self._assistant_seen
+        if seen == 0 and _opens_with_greeting(messages):
+            seen = 1  # the greeting in the agent's history: start() recorded it already
         last_text: str | None = None
-        for message in assistants[self._assistant_seen :]:
+        for message in assistants[seen:]:
             text = _text_of(message.get("content"))
             if text.strip():
                 self.tau2_messages.append(AssistantMessage(role="assistant", content=text))
@@ -408,6 +413,16 @@ def _initial_environment(domain: str, initial: Any) -> Any:
     )
     env.sync_tools()  # as Orchestrator.initialize ends
     return env
+
+
+def _opens_with_greeting(messages: list[dict[str, Any]]) -> bool:
+    """Whether the transcript's first assistant message is tau2's greeting, before any user message."""
+    for message in messages:
+        if message.get("role") == "user":
+            return False
+        if message.get("role") == "assistant":
+            return _text_of(message.get("content")) == _GREETING
+    return False
 
 
 _THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL)

@@ -1,7 +1,8 @@
 """Run tau2 episodes with a policy served behind an OpenAI-compatible endpoint (evaluation).
 
 The episode loop is the one the ``credit_agent`` loop runs in training (``verl_credit.envs.base``):
-system prompt + the simulated user's first message, then per assistant turn either the tool calls
+system prompt, the agent's greeting (``EpisodeStart.info["greeting"]``: tau2's orchestrator puts it
+into the agent's own history) and the simulated user's first message, then per assistant turn either the tool calls
 (each executed by the environment, results appended as ``tool`` messages) or, for a text turn, the
 simulated user's reply; the episode ends when the user stops, when the environment ends it (tau2's
 ``max_steps`` / ``max_errors``, checked after every step: :mod:`verl_credit.envs.tau2.termination`)
@@ -192,10 +193,10 @@ async def run_episode(
     if max_parallel_calls < 1:
         raise ValueError(f"max_parallel_calls must be >= 1, got {max_parallel_calls}")
     start = await env.start(task)
-    messages: list[dict[str, Any]] = [
-        {"role": "system", "content": start.system_prompt},
-        {"role": "user", "content": start.first_user_message},
-    ]
+    messages: list[dict[str, Any]] = [{"role": "system", "content": start.system_prompt}]
+    if start.info.get("greeting"):  # what the first user message answers, as in tau2's agent history
+        messages.append({"role": "assistant", "content": str(start.info["greeting"])})
+    messages.append({"role": "user", "content": start.first_user_message})
     turns = dropped = 0
     done = bool(start.info.get("user_done")) or episode_over(env)
     while not done and turns < max_turns:
