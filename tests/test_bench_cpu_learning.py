@@ -245,10 +245,13 @@ def test_two_arms_train_through_the_script_and_write_results_and_curves(tmp_path
         assert set(run["validation"]) == {"0", "2"}  # before training and after step 2, held-out tasks
         assert run["diagnostics"]["check_max_abs_diff"] <= 1e-6  # the actor's advantages == the core's
         assert run["diagnostics"]["check_problems"] == 0
+        if any(s > 0 for s in run["success"]):  # successful sessions: their writes are causal actions
+            assert run["diagnostics"]["causal_token_share"] > 0, run["diagnostics"]
+            assert 0.0 <= run["diagnostics"]["credit_precision"] <= 1.0
     assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    # a rerun skips the finished runs and reports the same
+    # a rerun skips the finished runs and reports the same (its diagnostics recomputed from the dumps)
     again = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "bench_cpu_learning.py"), "--quick", "--out", str(out)],
+        [sys.executable, str(REPO / "scripts" / "bench_cpu_learning.py"), "--quick", "--rediagnose", "--out", str(out)],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -258,3 +261,4 @@ def test_two_arms_train_through_the_script_and_write_results_and_curves(tmp_path
     assert again.returncode == 0, again.stderr[-2000:]
     assert again.stdout.strip().splitlines()[-1] == last
     assert "measured service  grpo" in again.stderr
+    assert "rediagnosed 2 finished runs" in again.stderr

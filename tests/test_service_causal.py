@@ -92,6 +92,19 @@ def test_a_model_transcript_credits_the_chain_behind_the_writes():
     # failed guess or the closing
 
 
+def test_results_without_call_ids_are_matched_in_call_order():
+    """verl's agent loop writes neither call ids nor ``tool_call_id``: the results answer the calls
+    of the message before them in order, and the causal set is the same."""
+    stripped = []
+    for message in _model_transcript():
+        message = {key: value for key, value in message.items() if key != "tool_call_id"}
+        if message.get("tool_calls"):
+            message["tool_calls"] = [{k: v for k, v in call.items() if k != "id"} for call in message["tool_calls"]]
+        stripped.append(message)
+    assert causal_actions(stripped, reward=1.0) == causal_actions(_model_transcript(), reward=1.0)
+    assert any(causal_actions(stripped, reward=1.0))
+
+
 def test_a_failed_episode_has_no_causal_action_and_junk_is_tolerated():
     assert not any(causal_actions(_model_transcript(), reward=0.0))
     messages = _model_transcript()

@@ -292,10 +292,12 @@ def summarize_records(records: Iterable[RunRecord], window: int = 5) -> dict[str
             name: float(np.mean([r.credit_means[name] for r in runs if name in r.credit_means]))
             for name in sorted({n for r in runs for n in r.credit_means})
         }
-        precisions = [r.diagnostics.get("credit_precision") for r in runs]
-        precisions = [p for p in precisions if isinstance(p, float) and math.isfinite(p)]
-        if precisions:
-            block["credit_precision"] = float(np.mean(precisions))
+        # credit precision, and the causal share of action tokens that flat credit scores by construction
+        for name in ("credit_precision", "causal_token_share"):
+            values = [r.diagnostics.get(name) for r in runs]
+            values = [v for v in values if isinstance(v, float) and math.isfinite(v)]
+            if values:
+                block[name] = float(np.mean(values))
         block["startup_seconds"] = float(np.mean([r.startup_seconds for r in runs]))
         block["wall_seconds"] = float(np.mean([r.wall_seconds for r in runs]))
         summary[f"{setting}/{arm}"] = block
@@ -366,7 +368,7 @@ def format_table(summary: Mapping[str, Mapping[str, Any]], comparison: Mapping[s
     """A markdown table: one row per setting/arm."""
     header = (
         "| setting/arm | seeds | steps to 0.8 | p | steps to 0.9 | p | AUC | p | final | held-out val "
-        "(first -> last) | s/step | malformed/step |"
+        "(first -> last) | credit precision (causal tokens) | s/step | malformed/step |"
     )
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
     for name, block in summary.items():
@@ -379,6 +381,7 @@ def format_table(summary: Mapping[str, Mapping[str, Any]], comparison: Mapping[s
             f"{block['auc']:.3f} | {_format_p(versus.get('auc_p', math.nan)) if versus else '-'} | "
             f"{block['final_success']:.2f} | "
             f"{block.get('validation_first', math.nan):.2f} -> {block.get('validation_last', math.nan):.2f} | "
+            f"{block.get('credit_precision', math.nan):.2f} ({block.get('causal_token_share', math.nan):.2f}) | "
             f"{block['seconds_per_step']:.1f} | {block.get('malformed_tool_calls_per_step', math.nan):.1f} |"
         )
     return "\n".join(lines)

@@ -414,6 +414,22 @@ def _existing_records(out: Path) -> Iterator[RunRecord]:
         yield RunRecord.from_json(json.loads(path.read_text()))
 
 
+def rediagnose_runs(out: Path) -> int:
+    """Recompute the dump diagnostics (credit precision, ...) of every finished run under ``out`` from
+    its dumps, after a change to how they are computed; training results are left as they are.
+    Returns the number of runs rewritten."""
+    rewritten = 0
+    for path in sorted((out / "runs").glob("**/result.json")):
+        dumps = path.parent / "run" / "dumps"
+        if not dumps.is_dir():
+            continue
+        record = json.loads(path.read_text())
+        record.setdefault("diagnostics", {}).update(run_dump_diagnostics(dumps))
+        path.write_text(json.dumps(json_safe(record), indent=1) + "\n")
+        rewritten += 1
+    return rewritten
+
+
 def run_benchmark(config: BenchConfig, summarize_only: bool = False) -> dict[str, Any]:
     started = time.monotonic()
     venv = None if summarize_only else cpu_venv()
@@ -550,6 +566,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--summarize-only", action="store_true", help="run nothing: summarize the finished runs under --out"
     )
+    parser.add_argument(
+        "--rediagnose",
+        action="store_true",
+        help="first recompute the credit diagnostics of the finished runs from their dumps",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
@@ -593,6 +614,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         config = config_from_args(args)
+        if args.rediagnose:
+            print(f"rediagnosed {rediagnose_runs(config.out)} finished runs", file=sys.stderr)
         results = run_benchmark(config, summarize_only=args.summarize_only)
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"bench_cpu_learning: error: {exc}", file=sys.stderr)

@@ -71,29 +71,37 @@ def _parse_arguments(raw: Any) -> dict[str, Any]:
 
 
 def causal_actions(messages: Sequence[Mapping[str, Any]], reward: float) -> list[bool]:
-    """One flag per assistant message of ``messages`` (OpenAI chat format, tool calls with ids):
-    True for the actions a successful episode's writes depended on (see the module doc)."""
+    """One flag per assistant message of ``messages`` (OpenAI chat format): True for the actions a
+    successful episode's writes depended on (see the module doc). A tool result is matched to its
+    call by ``tool_call_id``; without one (verl's agent loop writes neither call ids nor
+    ``tool_call_id``), to the oldest call still waiting for its result, the order tools answer in."""
     state = DialogueState()
     action = -1
     asked: int | None = None  # the action a customer message answers: the last text-only action
+    # calls waiting for their result, in the order they were written (dicts keep insertion order)
     calls: dict[str, tuple[int, str, dict[str, Any], frozenset[int]]] = {}
     writes: list[tuple[int, frozenset[int]]] = []
     for message in messages:
         role = message.get("role")
         if role == "assistant":
             action += 1
+            calls.clear()  # results answer the message just before them; older calls got none
             tool_calls = message.get("tool_calls") or []
             asked = None if tool_calls else action
-            for call in tool_calls:
+            for position, call in enumerate(tool_calls):
                 function = call.get("function", call)
                 name = str(function.get("name", ""))
                 arguments = _parse_arguments(function.get("arguments"))
                 # the arguments' sources as the state stood when the call was written
-                calls[str(call.get("id", ""))] = (action, name, arguments, _argument_sources(state, name, arguments))
-        elif role == "tool" and message.get("tool_call_id") is not None:
-            known = calls.pop(str(message["tool_call_id"]), None)
-            if known is None:
-                continue
+                call_id = call.get("id") or f"unnamed call {action}.{position}"
+                calls[str(call_id)] = (action, name, arguments, _argument_sources(state, name, arguments))
+        elif role == "tool":
+            call_id = message.get("tool_call_id")
+            if call_id is None:
+                call_id = next(iter(calls), None)
+            if call_id is None or str(call_id) not in calls:
+                continue  # a result no call is waiting for carries no value
+            known = calls.pop(str(call_id))
             source, name, arguments, argument_sources = known
             content = str(message.get("content") or "")
             is_error = content.startswith("Error")
