@@ -4,7 +4,7 @@
 python scripts/bench_cpu_learning.py            # the sweep, then the measured runs: hours on 2 cores, resumable
 python scripts/bench_cpu_learning.py --quick    # 2 arms x 1 seed x 2 steps (the CI check)
 python scripts/bench_cpu_learning.py --summarize-only   # the table and picture of the runs finished so far
-python scripts/bench_cpu_learning.py --summarize-only --rediagnose  # ... with the credit diagnostics recomputed from the dumps
+python scripts/bench_cpu_learning.py --summarize-only --rediagnose  # ... diagnostics recomputed from the dumps
 """
 
 import sys

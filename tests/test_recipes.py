@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import shlex
 import stat
 import subprocess
 import sys
@@ -43,6 +45,9 @@ EXPECTED_HEADER_NUMBERS = {
     "ablations/neg_route_projected.sh": ["41.88", "41.46"],
     "ablations/annotator_swap.sh": ["40.90"],
     "eval/tau2_eval.sh": ["29.61", "42.18", "34.79", "38.40"],
+    "info_gain/qwen3_4b_tau2.sh": ["37.99", "34.79", "37.22", "38.40"],
+    "eval/bfcl_eval.sh": ["39.36", "39.04"],
+    "paper/run_all.sh": ["29.61", "42.18", "34.79", "38.40", "37.22", "37.99", "39.36", "39.04", "40.90"],
 }
 
 # recipe -> (model, estimator, beta_plus, clip_c, neg_route, annotator)
@@ -60,6 +65,8 @@ TAU2_RECIPES = {
     "ablations/neg_route_projected.sh": ("Qwen/Qwen3-8B", "iapo", 0.05, 0.25, "projected", "llm"),
     "ablations/annotator_swap.sh": ("Qwen/Qwen3-8B", "iapo", 0.05, 0.25, "error", "llm"),
     "gigpo/qwen3_8b_tau2.sh": ("Qwen/Qwen3-8B", "gigpo", 0.05, 0.25, "error", "rules"),
+    "info_gain/qwen3_8b_tau2.sh": ("Qwen/Qwen3-8B", "info_gain", 0.05, 0.25, "error", "rules"),
+    "info_gain/qwen3_4b_tau2.sh": ("Qwen/Qwen3-4B", "info_gain", 0.05, 0.25, "error", "rules"),
 }
 CODING_RECIPES = {
     "call_credit/qwen3_8b_coding.sh": ("call_credit", "mass_conserving"),
@@ -70,11 +77,13 @@ CODING_RECIPES = {
 
 #: run for real by tests/e2e/test_cpu_training.py
 CPU_RECIPES = {"cpu/setup_env.sh", "cpu/train.sh", "cpu/smoke.sh"}
+#: evaluation recipes (bfcl ones: dry-run and, slow, for real in tests/e2e/test_bfcl.py)
+EVAL_RECIPES = {"eval/tau2_eval.sh", "eval/bfcl_eval.sh", "eval/setup_bfcl.sh"}
 
 
 def test_every_recipe_file_is_covered() -> None:
     found = {str(p.relative_to(RECIPES)) for p in RECIPES.rglob("*.sh")} - {"common.sh"}
-    assert found == set(TAU2_RECIPES) | set(CODING_RECIPES) | {"eval/tau2_eval.sh"} | CPU_RECIPES
+    assert found == set(TAU2_RECIPES) | set(CODING_RECIPES) | EVAL_RECIPES | CPU_RECIPES | {"paper/run_all.sh"}
 
 
 @pytest.mark.parametrize("recipe", sorted(CPU_RECIPES))
@@ -181,12 +190,17 @@ def assert_paper_setup(cfg: Any) -> None:
     assert cfg.trainer.use_v1 and cfg.trainer.v1.trainer_mode == "credit_sync"
     assert cfg.credit.env.name == "tau2" and cfg.credit.user.name == "env"
     assert cfg.data.train_files.endswith("data/tau2/train.parquet")
-    assert cfg.data.val_files.endswith("data/tau2/test.parquet")
+    # validation on the split carved out of train; the test split is only for recipes/eval/tau2_eval.sh
+    assert cfg.data.val_files.endswith("data/tau2/val.parquet")
+    # checkpoints of ~100 GB each: two kept; group filtering off (the paper's setting); one node's rollout memory
+    assert cfg.trainer.max_actor_ckpt_to_keep == 2 and cfg.trainer.max_critic_ckpt_to_keep == 2
+    assert cfg.algorithm.filter_groups.enable is False
+    assert rollout.gpu_memory_utilization == 0.7  # sized for 512 live sessions (docs/cluster.md)
 
 
 @pytest.mark.timeout(600)
 def test_tau2_recipes_compose_to_the_paper_setup(tmp_path_factory: pytest.TempPathFactory, shim: Path) -> None:
-    from verl_credit.config import GiGPOConfig
+    from verl_credit.config import GiGPOConfig, InfoGainConfig
     from verl_credit.envs.tau2 import Tau2Environment
     from verl_credit.verl.main import validate
 
@@ -206,10 +220,11 @@ def test_tau2_recipes_compose_to_the_paper_setup(tmp_path_factory: pytest.TempPa
             assert settings.annotator.model == "google/gemma-4-31b-it"
             assert settings.annotator.base_urls == ("http://annot:8001/v1",)
             assert env.user_config.model == "Qwen/Qwen3-32B"  # only the annotator is swapped
-            assert env.user_config.base_urls == ("http://127.0.0.1:8000/v1",)
+            assert env.user_config.base_urls == ("http://127.0.0.1:8100/v1",)
         else:
+            # the simulated user has its own server, not the annotator's
             assert env.user_config.model == "Qwen/Qwen3-32B"
-            assert env.user_config.base_urls == ("http://annot:8001/v1",)
+            assert env.user_config.base_urls == ("http://127.0.0.1:8100/v1",)
             if annotator == "llm":
                 assert settings.annotator.model == "Qwen/Qwen3-32B"
                 assert settings.annotator.base_urls == ("http://annot:8001/v1",)
@@ -222,6 +237,84 @@ def test_tau2_recipes_compose_to_the_paper_setup(tmp_path_factory: pytest.TempPa
             assert settings.credit.iapo.beta_minus == 0.05
         if estimator == "gigpo":  # verl-agent's defaults (DESIGN.md section 4b)
             assert settings.credit.gigpo == GiGPOConfig(step_advantage_w=1.0, gamma=0.95, mode="mean_norm")
+        if estimator == "info_gain":  # the authors' tau2 defaults
+            assert settings.credit.info_gain == InfoGainConfig()
+        seeds = {
+            cfg.data.seed,
+            cfg.actor_rollout_ref.rollout.seed,
+            cfg.actor_rollout_ref.actor.data_loader_seed,
+            cfg.actor_rollout_ref.actor.fsdp_config.seed,
+            cfg.actor_rollout_ref.ref.fsdp_config.seed,
+        }
+        assert seeds == {42}, recipe  # SEED's default (verl's own)
+
+
+def test_seed_reaches_every_seeded_part(tmp_path: Path, shim: Path) -> None:
+    cfg, _ = dry_run_config("grpo/qwen3_4b_tau2.sh", tmp_path, shim, SEED="7")
+    assert cfg.data.seed == 7 and cfg.actor_rollout_ref.rollout.seed == 7
+    assert cfg.actor_rollout_ref.actor.data_loader_seed == 7
+    assert cfg.actor_rollout_ref.actor.fsdp_config.seed == 7 and cfg.actor_rollout_ref.ref.fsdp_config.seed == 7
+    result = run_recipe("grpo/qwen3_4b_tau2.sh", tmp_path, str(shim), DRY_RUN="1", SEED="one")
+    assert result.returncode == 2 and "SEED must be a non-negative integer" in result.stderr
+
+
+@pytest.mark.timeout(600)
+def test_paper_run_all_composes_every_run(tmp_path: Path, shim: Path) -> None:
+    """DRY_RUN=1: every run of Tables 1 and 3 and the annotator swap is composed -- its training
+    config (valid, with its seed, experiment name and checkpoint folder), its tau2 evaluation plan
+    (held-out user, the training user named) and, for Table 1, its BFCL plan; nothing is written."""
+    from verl_credit.verl.main import validate
+
+    env = {
+        "ANNOTATOR_BASE_URL": "http://annot:8001/v1",
+        "USER_BASE_URL": "http://user:8101/v1",
+        "EVAL_USER_BASE_URL": "http://heldout:8002/v1",
+    }
+    result = run_recipe("paper/run_all.sh", tmp_path, str(shim), DRY_RUN="1", **env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    calls = recorded_args(tmp_path)
+    trainings = [argv for argv in calls if argv[:2] == MAIN_ARGS]
+    evaluations = [argv for argv in calls if argv[:2] == ["-m", "verl_credit.envs.tau2.evaluate"]]
+    bfcl = [argv for argv in calls if argv[:1] == ["recipes/eval/bfcl_eval.py"]]
+    table1 = {
+        ("Qwen/Qwen3-8B", "grpo"),
+        ("Qwen/Qwen3-8B", "iapo"),
+        ("Qwen/Qwen3-4B", "grpo"),
+        ("Qwen/Qwen3-4B", "iapo"),
+        ("Qwen/Qwen3-4B", "gigpo"),
+        ("Qwen/Qwen3-4B", "info_gain"),
+    }
+    assert len(trainings) == len(evaluations) == 6 * 3 + 8 and len(bfcl) == 6 * 3
+    runs = []
+    for argv in trainings:
+        assert argv[-3:] == DRY_FLAGS and argv[-4] == "trainer.resume_mode=auto"
+        cfg = compose(argv[2:-3])
+        validate(cfg)
+        runs.append((cfg.actor_rollout_ref.model.path, cfg.algorithm.adv_estimator, cfg.data.seed))
+        assert cfg.actor_rollout_ref.rollout.seed == cfg.data.seed
+        assert cfg.trainer.experiment_name.endswith(f"_tau2_seed{cfg.data.seed}")
+        assert cfg.trainer.default_local_dir.startswith(str(tmp_path / "ckpt" / "paper"))
+    experiments = [compose(argv[2:-3]).trainer.experiment_name for argv in trainings]
+    assert len(set(experiments)) == len(experiments)  # one checkpoint folder per run
+    for model, arm in table1:
+        size = model.split("-")[-1].lower()  # 8b / 4b
+        for seed in (1, 2, 3):
+            assert f"{arm}_qwen3_{size}_tau2_seed{seed}" in experiments, (model, arm, seed)
+            assert (model, arm, seed) in runs
+    ablations = [e for e in experiments if not any(e.startswith(f"{arm}_qwen3_") for _, arm in table1)]
+    assert len(ablations) == 8 and all(e.endswith("_qwen3_8b_tau2_seed1") for e in ablations)
+    assert sum(1 for model, arm, _ in runs if (model, arm) == ("Qwen/Qwen3-8B", "iapo")) == 3 + 8  # + ablations
+    for argv in evaluations:
+        flags = dict(zip(argv[::2], argv[1::2], strict=False))
+        assert argv[argv.index("--user-base-url") + 1] == "http://heldout:8002/v1"
+        assert argv[argv.index("--training-user-base-url") + 1] == "http://user:8101/v1"  # the training user
+        assert "--same-user" not in argv and "--dry-run" in argv
+        assert "global_step_LAST" not in flags.get("--policy-model", "")
+    assert "runs: 26, estimated GPU-hours:" in result.stderr
+    assert not (tmp_path / "eval").exists() and not (tmp_path / "ckpt").exists()  # a dry run writes nothing
+    listed = run_recipe("paper/run_all.sh", tmp_path, str(shim), LIST="1", ONLY="table1/qwen3_4b/info_gain")
+    assert listed.returncode == 0 and listed.stdout.count("run table1/qwen3_4b/info_gain/seed") == 3
+    assert "estimated 396 GPU-hours" in listed.stdout
 
 
 def test_annotator_swap_takes_any_model_name(tmp_path: Path, shim: Path) -> None:
@@ -247,6 +340,7 @@ def test_user_overrides_win_and_knobs_apply(tmp_path: Path, shim: Path) -> None:
         "credit.env.options.user.model=other-user-model",
         GPUS_PER_NODE="4",
         NNODES="2",
+        CKPT_DIR="/shared/ckpt/run1",
         DATA_DIR="/data/t2",
         USER_BASE_URL="http://u1:1/v1,http://u2:1/v1",
     )
@@ -254,7 +348,28 @@ def test_user_overrides_win_and_knobs_apply(tmp_path: Path, shim: Path) -> None:
     assert cfg.credit.env.options.user.model == "other-user-model"
     assert list(cfg.credit.env.options.user.base_urls) == ["http://u1:1/v1", "http://u2:1/v1"]
     assert cfg.trainer.n_gpus_per_node == 4 and cfg.trainer.nnodes == 2
-    assert cfg.data.train_files == "/data/t2/train.parquet"
+    assert cfg.trainer.default_local_dir == "/shared/ckpt/run1"
+    assert cfg.actor_rollout_ref.rollout.gpu_memory_utilization == 0.8  # sized for two nodes (docs/cluster.md)
+    assert cfg.data.train_files == "/data/t2/train.parquet" and cfg.data.val_files == "/data/t2/val.parquet"
+
+
+def test_multi_node_needs_a_shared_ckpt_dir(tmp_path: Path, shim: Path) -> None:
+    result = run_recipe("grpo/qwen3_8b_tau2.sh", tmp_path, str(shim), DRY_RUN="1", NNODES="2")
+    assert result.returncode == 2 and "NNODES=2: set CKPT_DIR to a folder on storage every node mounts" in result.stderr
+    assert recorded_args(tmp_path) == []
+
+
+def test_dynamic_sampling_and_checkpoint_knobs(tmp_path: Path, shim: Path) -> None:
+    """DYNAMIC_SAMPLING=1 is verl's group filtering on the environment's reward (a metric the
+    credit_agent rows carry: the trainer's start-up check accepts it); MAX_CKPT_TO_KEEP=0 keeps all."""
+    from verl_credit.verl.main import validate
+    from verl_credit.verl.trainer import check_filter_groups
+
+    cfg, _ = dry_run_config("iapo/qwen3_8b_tau2.sh", tmp_path, shim, DYNAMIC_SAMPLING="1", MAX_CKPT_TO_KEEP="0")
+    groups = cfg.algorithm.filter_groups
+    assert groups.enable is True and groups.metric == "env_reward" and groups.max_inflight_gen_batches == 2
+    check_filter_groups(cfg, validate(cfg))
+    assert cfg.trainer.max_actor_ckpt_to_keep is None and cfg.trainer.max_critic_ckpt_to_keep is None
 
 
 def test_cluster_knobs_cache_dir_logger_parallel_calls(tmp_path: Path, shim: Path) -> None:
@@ -274,6 +389,7 @@ def test_cluster_knobs_cache_dir_logger_parallel_calls(tmp_path: Path, shim: Pat
         shim,
         CACHE_DIR="/nfs/cache/{hostname}/",
         NNODES="2",
+        CKPT_DIR="/nfs/ckpt",
         LOGGER='["console","wandb"]',
         MAX_PARALLEL_CALLS="4",
     )
@@ -287,7 +403,9 @@ def test_cluster_knobs_cache_dir_logger_parallel_calls(tmp_path: Path, shim: Pat
     with pytest.raises(ValueError, match="includes wandb"):  # ... but wandb needs credentials
         validate(cfg, environ={"HOME": str(tmp_path)}, mounts_path=mounts)
     (tmp_path / "args.jsonl").unlink()
-    cfg, _ = dry_run_config("iapo/qwen3_8b_tau2.sh", tmp_path, shim, CACHE_DIR="/nfs/cache", NNODES="2")
+    cfg, _ = dry_run_config(
+        "iapo/qwen3_8b_tau2.sh", tmp_path, shim, CACHE_DIR="/nfs/cache", NNODES="2", CKPT_DIR="/nfs/ckpt"
+    )
     with pytest.raises(ValueError, match=r"credit\.annotator\.cache_path='/nfs/cache/graphs\.sqlite' is on a network"):
         validate(cfg, environ={}, mounts_path=mounts)
 
@@ -314,6 +432,8 @@ def test_real_dry_run_prints_the_same_config_and_stops_before_ray(tmp_path: Path
         ({"DRY_RUN": "1", "MAX_TURNS": "0"}, "MAX_TURNS must be a positive integer"),
         ({"DRY_RUN": "1", "MAX_PARALLEL_CALLS": "0"}, "MAX_PARALLEL_CALLS must be a positive integer"),
         ({"DRY_RUN": "1", "ENDPOINT_USE_PROXY": "yes"}, "ENDPOINT_USE_PROXY must be 0 or 1"),
+        ({"DRY_RUN": "1", "DYNAMIC_SAMPLING": "on"}, "DYNAMIC_SAMPLING must be 0 or 1"),
+        ({"DRY_RUN": "1", "MAX_CKPT_TO_KEEP": "-1"}, "MAX_CKPT_TO_KEEP must be a non-negative integer"),
     ],
 )
 def test_bad_knobs_are_rejected(tmp_path: Path, shim: Path, env: dict[str, str], message: str) -> None:
@@ -329,8 +449,10 @@ def test_real_run_checks_data_and_endpoints_before_launching(tmp_path: Path, shi
     result = run_recipe("iapo/qwen3_8b_tau2.sh", tmp_path, str(shim), DATA_DIR=str(data))
     assert result.returncode == 2 and f"missing {data}/train.parquet" in result.stderr
     data.mkdir()
-    for split in ("train", "test"):
-        (data / f"{split}.parquet").write_bytes(b"")
+    (data / "train.parquet").write_bytes(b"")
+    result = run_recipe("iapo/qwen3_8b_tau2.sh", tmp_path, str(shim), DATA_DIR=str(data))
+    assert result.returncode == 2 and f"missing {data}/val.parquet" in result.stderr  # the validation split
+    (data / "val.parquet").write_bytes(b"")
     dead = f"http://127.0.0.1:{unused_port()}/v1"
     result = run_recipe("iapo/qwen3_8b_tau2.sh", tmp_path, str(shim), DATA_DIR=str(data), ANNOTATOR_BASE_URL=dead)
     assert result.returncode == 2 and f"annotator endpoint {dead} does not answer" in result.stderr
@@ -344,6 +466,7 @@ def test_real_run_checks_data_and_endpoints_before_launching(tmp_path: Path, shi
             str(shim),
             DATA_DIR=str(data),
             ANNOTATOR_BASE_URL=server.base_url,
+            USER_BASE_URL=server.base_url,
             ENDPOINT_USE_PROXY="1",
             **proxies,
         )
@@ -355,6 +478,7 @@ def test_real_run_checks_data_and_endpoints_before_launching(tmp_path: Path, shi
             str(shim),
             DATA_DIR=str(data),
             ANNOTATOR_BASE_URL=server.base_url,
+            USER_BASE_URL=server.base_url,
             **proxies,
         )
         assert result.returncode == 0, result.stderr[-2000:]
@@ -459,6 +583,41 @@ def test_eval_recipe_dry_run_plans_the_test_split_with_4_trials(tmp_path: Path) 
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "--trust-env" in result.stderr
+
+
+@pytest.mark.timeout(300)
+def test_eval_recipe_refuses_the_training_user_unless_same_user(tmp_path: Path) -> None:
+    """The default evaluation user (port 8002) is not the training recipes' (port 8100): the plan
+    records both. The training user's URL, however spelled, is refused; SAME_USER=1 allows it."""
+    result = run_recipe("eval/tau2_eval.sh", tmp_path, sys.executable, DRY_RUN="1", CKPT="Qwen/Qwen3-8B")
+    assert result.returncode == 0, result.stderr[-2000:]
+    plan = json.loads(result.stdout.strip().splitlines()[-1])
+    assert plan["user"] == {"base_urls": ["http://127.0.0.1:8002/v1"], "model": "Qwen/Qwen3-32B"}
+    assert plan["training_user"] == {"base_urls": ["http://127.0.0.1:8100/v1"], "model": "Qwen/Qwen3-32B"}
+    assert plan["same_user"] is False
+    assert "serves the training user's model" in result.stderr  # the same model behind another URL: a warning
+    same = {"DRY_RUN": "1", "CKPT": "Qwen/Qwen3-8B", "USER_BASE_URL": "http://LOCALHOST:8100/v1/"}
+    result = run_recipe("eval/tau2_eval.sh", tmp_path, sys.executable, **same)
+    assert result.returncode == 2 and "is the training user" in result.stderr and "--same-user" in result.stderr
+    result = run_recipe("eval/tau2_eval.sh", tmp_path, sys.executable, **same, SAME_USER="1")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1])["same_user"] is True
+    result = run_recipe("eval/tau2_eval.sh", tmp_path, sys.executable, **same, SAME_USER="yes")
+    assert result.returncode == 2 and "SAME_USER must be 0 or 1" in result.stderr
+
+
+def test_evaluate_refuses_a_resume_with_another_user(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from verl_credit.envs.tau2.evaluate import main, normalize_url
+
+    assert normalize_url("HTTP://Localhost:80/v1/") == normalize_url("http://127.0.0.1/v1")
+    assert normalize_url("http://host:8000/v1") != normalize_url("http://host:8001/v1")
+    out = tmp_path / "r.jsonl"
+    other = {"base_urls": ["http://other:9/v1"], "model": "m2"}
+    out.write_text(json.dumps({"domain": "airline", "task_id": "2", "trial": 0, "reward": 1.0, "user": other}) + "\n")
+    argv = ["run", "--policy-base-url", "http://p/v1", "--policy-model", "p", "--user-base-url", "http://u:1/v1"]
+    argv += ["--user-model", "u", "--domains", "airline", "--out", str(out), "--dry-run"]
+    assert main(argv) == 2
+    assert f"{out}:1: user: the trials were played against" in capsys.readouterr().err
 
 
 def test_eval_recipe_needs_a_checkpoint(tmp_path: Path) -> None:
@@ -589,6 +748,10 @@ def test_run_cli_plays_scores_and_resumes(tmp_path: Path) -> None:
             user_server.base_url,
             "--user-model",
             "u",
+            "--training-user-base-url",
+            "http://127.0.0.1:8000/v1",
+            "--training-user-model",
+            "train-user",
             "--data",
             str(data),
             "--trials",
@@ -607,6 +770,229 @@ def test_run_cli_plays_scores_and_resumes(tmp_path: Path) -> None:
         assert {(r["task_id"], r["reward"]) for r in records} == {("2", 0.0), ("6", 1.0)}
         metrics = json.loads((tmp_path / "r.metrics.json").read_text())
         assert metrics["macro"] == {"pass^1": 0.5, "pass^2": 0.5}
+        users = {
+            "user": {"base_urls": [user_server.base_url], "model": "u"},
+            "training_user": {"base_urls": ["http://127.0.0.1:8000/v1"], "model": "train-user"},
+            "same_user": False,
+        }
+        assert all({k: r[k] for k in users} == users for r in records)  # both users in every result line
+        assert metrics["users"] == users
         policy_calls = len(policy.chat_requests)
         assert main(argv) == 0  # resume: every trial is done, no new request
         assert len(policy.chat_requests) == policy_calls == 4
+
+
+# -- the servers each recipe's header starts (scripts/serve_annotator.sh) ---------------------------
+
+SERVE_SCRIPT = ROOT / "scripts" / "serve_annotator.sh"
+
+
+def header_serve_commands(recipe: str) -> list[tuple[dict[str, str], list[str]]]:
+    """``(env, args)`` of every ``bash scripts/serve_annotator.sh`` line of a recipe's header (a recipe
+    that only runs another one: that one's), the continuation lines joined, comments dropped."""
+    text = (RECIPES / recipe).read_text()
+    header = text.split("set -xeuo pipefail")[0]
+    commands = []
+    for line in header.splitlines():
+        body = line.lstrip("#").strip()
+        if "bash scripts/serve_annotator.sh" not in body:  # a command, not a mention
+            continue
+        words = shlex.split(body.split("  #")[0])
+        start = words.index("bash")
+        env = dict(word.split("=", 1) for word in words[:start])
+        commands.append((env, words[words.index("scripts/serve_annotator.sh") + 1 :]))
+    if not commands:
+        target = re.search(r'exec bash "\$\(dirname "\$\{BASH_SOURCE\[0\]\}"\)/([^"]+)"', text)
+        assert target, f"{recipe}: no serve command and no recipe it runs"
+        return header_serve_commands(
+            str((RECIPES / recipe).parent.joinpath(target.group(1)).resolve().relative_to(RECIPES))
+        )
+    return commands
+
+
+def serve_dry_run(env: dict[str, str], args: list[str]) -> list[list[str]]:
+    """The vllm command line of each replica, as ``--dry-run`` prints it (``CUDA_VISIBLE_DEVICES=..`` first)."""
+    clean = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "GPUS", "MODEL", "PORT")}
+    done = subprocess.run(
+        ["bash", str(SERVE_SCRIPT), *args, "--dry-run"],
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 0, done.stderr
+    return [shlex.split(line) for line in done.stdout.strip().splitlines()]
+
+
+def _flag(words: list[str], flag: str) -> str | None:
+    return words[words.index(flag) + 1] if flag in words else None
+
+
+def header_url_ports(recipe: str, knob: str) -> set[int]:
+    """Ports of the ``KNOB=http://...`` URLs a recipe's header tells the user to pass (or the recipe it runs)."""
+    text = (RECIPES / recipe).read_text()
+    header = text.split("set -xeuo pipefail")[0]
+    ports = {int(port) for urls in re.findall(rf"{knob}=(\S+)", header) for port in re.findall(r":(\d+)/v1", urls)}
+    target = re.search(r'exec bash "\$\(dirname "\$\{BASH_SOURCE\[0\]\}"\)/([^"]+)"', text)
+    if not ports and target:
+        return header_url_ports(
+            str((RECIPES / recipe).parent.joinpath(target.group(1)).resolve().relative_to(RECIPES)), knob
+        )
+    return ports
+
+
+@pytest.mark.parametrize("recipe", sorted(TAU2_RECIPES))
+def test_each_recipes_servers_start_as_its_header_says(recipe: str) -> None:
+    """The header's serve lines, dry-run: the annotator's model with the reasoning parser its vocabulary
+    supports (none for Gemma: vLLM's qwen3 parser aborts at start-up without Qwen's think tokens), the
+    simulated user with tool calling, on a server of its own, no GPU given to two servers, and every port
+    the header's URLs name served by the server of that role."""
+    annotator = TAU2_RECIPES[recipe][-1]
+    servers = [serve_dry_run(env, args) for env, args in header_serve_commands(recipe)]
+    replicas = [words for server in servers for words in server]
+    gpus = [g for words in replicas if words[0].startswith("CUDA_VISIBLE_DEVICES=") for g in words[0][21:].split(",")]
+    assert len(gpus) == len(set(gpus)), (recipe, gpus)
+    users = [s for s in servers if "--tool-call-parser" in s[0]]
+    annotators = [s for s in servers if "--tool-call-parser" not in s[0]]
+    assert len(users) == 1, recipe
+    for words in users[0]:
+        assert (
+            _flag(words, "--served-model-name") == "Qwen/Qwen3-32B" and _flag(words, "--tool-call-parser") == "hermes"
+        )
+        assert _flag(words, "--reasoning-parser") == "qwen3"
+    user_ports = {int(_flag(w, "--port")) for w in users[0]}
+    assert header_url_ports(recipe, "USER_BASE_URL") <= user_ports and header_url_ports(recipe, "USER_BASE_URL")
+    if annotator != "llm":
+        assert annotators == []  # grpo / gigpo / info_gain: only the user is served
+        return
+    (server,) = annotators
+    annotator_ports = {int(_flag(w, "--port")) for w in server}
+    assert header_url_ports(recipe, "ANNOTATOR_BASE_URL") <= annotator_ports and not annotator_ports & user_ports
+    expected = "google/gemma-4-31b-it" if recipe == "ablations/annotator_swap.sh" else "Qwen/Qwen3-32B"
+    for words in server:
+        assert words[1:3] == ["vllm", "serve"] and words[3] == expected
+        assert _flag(words, "--reasoning-parser") == (None if "gemma" in expected else "qwen3")
+
+
+def test_serve_script_picks_the_reasoning_parser_from_the_model() -> None:
+    for model, parser in (
+        ("Qwen/Qwen3-32B", "qwen3"),
+        ("Qwen/QwQ-32B", "qwen3"),
+        ("deepseek-ai/DeepSeek-R1-Distill-Qwen-32B", "deepseek_r1"),
+        ("google/gemma-4-31b-it", None),
+        ("meta-llama/Llama-3.3-70B-Instruct", None),
+    ):
+        (words,) = serve_dry_run({"MODEL": model}, [])
+        assert _flag(words, "--reasoning-parser") == parser, model
+    (words,) = serve_dry_run({"MODEL": "google/gemma-4-31b-it", "REASONING_PARSER": "qwen3"}, [])
+    assert _flag(words, "--reasoning-parser") == "qwen3"  # an explicit choice wins
+    (words,) = serve_dry_run({"MODEL": "Qwen/Qwen3-32B", "REASONING_PARSER": ""}, [])
+    assert "--reasoning-parser" not in words
+
+
+def test_serve_script_splits_gpus_among_replicas() -> None:
+    lines = serve_dry_run({"PORT": "9000"}, ["--replicas", "2", "--tp", "2"])
+    assert [words[0] for words in lines] == ["CUDA_VISIBLE_DEVICES=0,1", "CUDA_VISIBLE_DEVICES=2,3"]
+    assert [_flag(w, "--port") for w in lines] == ["9000", "9001"] and all(
+        _flag(w, "--tensor-parallel-size") == "2" for w in lines
+    )
+    lines = serve_dry_run({"CUDA_VISIBLE_DEVICES": "4,5,6,7"}, ["--replicas=4", "--tp=1"])
+    assert [words[0] for words in lines] == [f"CUDA_VISIBLE_DEVICES={g}" for g in (4, 5, 6, 7)]
+    (words,) = serve_dry_run({"CUDA_VISIBLE_DEVICES": "3"}, [])  # one replica: the caller's devices, untouched
+    assert words[0] == "vllm"
+    clean = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    for args, message in (
+        (["--replicas", "3", "--tp", "4"], "3 replicas x TP 4 need 12 GPUs, GPUS has 8"),
+        (["--replicas", "0"], "REPLICAS must be a positive integer"),
+        (["--tp"], "TP must be a positive integer, got '--dry-run'"),  # --tp took the next word
+    ):
+        done = subprocess.run(
+            ["bash", str(SERVE_SCRIPT), *args, "--dry-run"],
+            env={**clean, "GPUS": "0,1,2,3,4,5,6,7"},
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert done.returncode == 2 and message in done.stderr, (args, done.stderr)
+
+
+def _fake_vllm(folder: Path) -> Path:
+    """Stands in for ``vllm``: records its argv and CUDA_VISIBLE_DEVICES, serves the stub on ``--port``."""
+    stub = ROOT / "tests" / "openai_stub_server.py"
+    script = folder / "vllm"
+    script.write_text(
+        f"#!{sys.executable}\n"
+        "import json, os, runpy, sys\n"
+        "port = sys.argv[sys.argv.index('--port') + 1]\n"
+        f"open({str(folder)!r} + f'/argv_{{port}}.json', 'w').write(\n"
+        "    json.dumps([os.environ.get('CUDA_VISIBLE_DEVICES'), *sys.argv[1:]]))\n"
+        f"sys.argv = [{str(stub)!r}, '--port', port]\n"
+        f"runpy.run_path({str(stub)!r}, run_name='__main__')\n"
+    )
+    script.chmod(0o755)
+    return script
+
+
+@pytest.mark.timeout(120)
+def test_serve_script_starts_replicas_and_stops_them_all(tmp_path: Path) -> None:
+    from openai_stub_server import unused_port
+
+    port = unused_port()
+    while unused_port() == port + 1:  # the next port must be free too (rarely not)
+        port = unused_port()
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"},
+        "VLLM_BIN": str(_fake_vllm(tmp_path)),
+        "HOST": "127.0.0.1",
+        "PORT": str(port),
+        "GPUS": "6,7",
+        "HEALTH_INTERVAL": "0.2",
+        "HEALTH_TIMEOUT": "60",
+    }
+    process = subprocess.Popen(
+        ["bash", str(SERVE_SCRIPT), "--replicas", "2", "--tp", "1"], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert process.stdout is not None
+        lines: list[str] = []
+        while not lines or "base_urls=" not in lines[-1]:
+            lines.append(process.stdout.readline().strip())
+            assert lines[-1] or process.poll() is None, lines
+        urls = [f"http://127.0.0.1:{port}/v1", f"http://127.0.0.1:{port + 1}/v1"]
+        ready = [line for line in lines if line.startswith("annotator ready")]
+        assert ready == [
+            f"annotator ready: model=Qwen/Qwen3-32B base_url={urls[0]}",
+            f"annotator ready: model=Qwen/Qwen3-32B base_url={urls[1]}",
+            f"annotator ready: model=Qwen/Qwen3-32B base_urls={urls[0]},{urls[1]}",
+        ]
+        for offset, gpu in ((0, "6"), (1, "7")):
+            recorded = json.loads((tmp_path / f"argv_{port + offset}.json").read_text())
+            assert recorded[0] == gpu and recorded[1:3] == ["serve", "Qwen/Qwen3-32B"]
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+    import httpx
+
+    for url in urls:  # the script took both servers down with it
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(url + "/models")
+
+
+# -- docs/cluster.md ------------------------------------------------------------------------------
+
+
+def test_cluster_doc_is_linked_and_matches_the_code() -> None:
+    """docs/cluster.md exists, the README points to it, its rollout-memory defaults are the recipes',
+    and every credit/* metric it tells a user to watch is one the code logs."""
+    doc = (ROOT / "docs" / "cluster.md").read_text()
+    assert "](docs/cluster.md)" in (ROOT / "README.md").read_text()
+    common = (RECIPES / "common.sh").read_text()
+    for value in ("0.7", "0.8"):
+        assert f"ROLLOUT_GPU_MEM={value}" in doc and f"ROLLOUT_GPU_MEM={value}" in common
+    source = "\n".join(path.read_text() for path in (ROOT / "verl_credit").rglob("*.py"))
+    watched = set(re.findall(r"`(credit/[a-z_]+)`", doc))
+    assert len(watched) >= 10
+    missing = sorted(name for name in watched if name not in source and name.rsplit("_", 1)[0] not in source)
+    assert not missing, missing
+    for section in ("two-node layout", "one-node layout", "ray start", "Shared storage", "first 10 steps", "Resuming"):
+        assert section.lower() in doc.lower(), section

@@ -19,8 +19,10 @@ Definitions:
 
 Counters the trainer adds (``verl_credit.verl.credit_step.compute_credit_advantages``):
 ``nonfinite_rewards`` (sessions whose reward was NaN/inf: treated as 0 and their whole group's
-advantages set to 0, so the step neither crashes nor trains on NaN) and ``nonfinite_advantages``
-(token advantages still non-finite after routing, set to 0; expected 0).
+advantages set to 0, so the step neither crashes nor trains on NaN), ``nonfinite_advantages``
+(token advantages still non-finite after routing, set to 0; expected 0) and ``reward_failures``
+(sessions whose environment reward raised, scored 0 by the agent loop, plus environments whose
+``close()`` raised; expected 0 -- a policy that keeps it above 0 is breaking its grader).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from verl_credit.annotate.base import AnnotationResult, AnnotationStats, Annotat
 from verl_credit.annotate.factory import build_annotator
 from verl_credit.call_graph import CallGraph
 from verl_credit.config import CreditConfig
-from verl_credit.estimators.needs import anchor_states_of, turn_rewards_of
+from verl_credit.estimators.needs import anchor_states_of, information_gains_of, turn_rewards_of
 from verl_credit.estimators.registry import get_estimator
 from verl_credit.routing import BatchCredit, compute_batch_credit, trajectory_scores
 from verl_credit.trajectory import Trajectory
@@ -123,6 +123,7 @@ def route_trajectories(
         call_graphs=call_graphs,
         anchor_states=anchor_states_of(trajectories, config) if "anchor_states" in needs else None,
         turn_rewards=turn_rewards_of(trajectories) if "turn_rewards" in needs else None,
+        information_gains=information_gains_of(trajectories) if "information_gains" in needs else None,
     )
     return RoutedBatch(trajectories, credit, annotations, call_graphs, stats)
 

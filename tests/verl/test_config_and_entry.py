@@ -50,6 +50,11 @@ OVERRIDES: dict[str, tuple[str, object]] = {
     "credit.gigpo.eps": ("1e-4", 1e-4),
     "credit.turn_reward.lambda_turn": ("0.5", 0.5),
     "credit.turn_reward.gamma": ("0.9", 0.9),
+    "credit.info_gain.weight": ("0.3", 0.3),
+    "credit.info_gain.gate_temperature": ("0.2", 0.2),
+    "credit.info_gain.normalize": ("false", False),
+    "credit.info_gain.placeholder": ("'Nothing here.'", "Nothing here."),
+    "credit.info_gain.eps": ("1e-4", 1e-4),
     "credit.call_credit.mode": ("paper", "paper"),
     "credit.call_credit.smoothing": ("0.0", 0.0),
     "credit.call_credit.gamma": ("0.9", 0.9),
@@ -109,6 +114,16 @@ OVERRIDES: dict[str, tuple[str, object]] = {
     "credit.annotator.trust_env": ("true", True),
     "credit.env.name": ("service", "service"),
     "credit.debug.dump_dir": ("/tmp/credit_dumps", "/tmp/credit_dumps"),
+    "credit.annotator.max_fallback_rate": ("0.5", 0.5),
+    "credit.annotator.fallback_window": ("3", 3),
+    "credit.annotator.stop_on_fallback": ("true", True),
+    "credit.session.deadline": ("600.0", 600.0),
+    "credit.session.max_failed_share": ("0.5", 0.5),
+    "credit.session.probe_endpoints": ("false", False),
+    "credit.session.probe_timeout": ("5.0", 5.0),
+    "credit.viz.every_n_steps": ("5", 5),
+    "credit.viz.rollouts": ("2", 2),
+    "credit.viz.dir": ("/tmp/credit_viz", "/tmp/credit_viz"),
 }
 
 
@@ -150,6 +165,7 @@ def test_every_credit_key_overridable_without_plus():
     assert _leaves(config.credit) == set(OVERRIDES), "OVERRIDES must list every leaf of the credit node"
     overrides = [f"{key}={text}" for key, (text, _) in OVERRIDES.items()]
     overrides.append("algorithm.adv_estimator=call_credit")  # keeps estimator and adv_estimator consistent
+    overrides.append("algorithm.norm_adv_by_std_in_grpo=false")  # and the shared normalization key
     config = compose_credit_config(overrides)
     for key, (_, expected) in OVERRIDES.items():
         value = OmegaConf.select(config, key)
@@ -202,6 +218,28 @@ def test_bad_values_name_the_key(override, key):
         load_settings(compose_credit_config([override]))
 
 
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("credit.annotator.in_rollout='false'", "credit.annotator.in_rollout must be true or false, got 'false'"),
+        ("credit.epsilon=-1", "credit.epsilon must be a finite number in (0, 1], got -1"),
+        ("credit.epsilon=0", "credit.epsilon must be a finite number in (0, 1], got 0"),
+        ("credit.iapo.clip_c='0.5'", "credit.iapo.clip_c must be a finite number in [0, 10], got '0.5'"),
+        ("credit.annotator.timeout=inf", "credit.annotator.timeout must be a finite number in (0, 86400], got inf"),
+        ("credit.user.timeout=0", "credit.user.timeout must be a finite number in (0, 86400], got 0"),
+        ("credit.call_credit.counterfactual.budget=4.0", "budget must be an integer in [0, 4096], got 4.0"),
+        ("algorithm.norm_adv_by_std_in_grpo='false'", "algorithm.norm_adv_by_std_in_grpo must be true or false"),
+        ("credit.norm_adv_by_std_in_grpo=false", "set algorithm.norm_adv_by_std_in_grpo"),
+    ],
+)
+def test_values_that_would_silently_change_training_are_refused(override, message):
+    """Through Hydra: a quoted 'false' stays a (truthy) string, -1 flips the advantage sign, 0
+    divides by zero, inf disables a timeout; the credit node and verl's own key must agree."""
+    with pytest.raises(ValueError) as caught:
+        load_settings(compose_credit_config([override]))
+    assert message in str(caught.value)
+
+
 def test_unknown_key_added_with_plus_is_rejected():
     with pytest.raises(ValueError, match=r"credit\.iapo\.beta"):
         load_settings(compose_credit_config(["+credit.iapo.beta=1"]))
@@ -246,7 +284,7 @@ def test_entry_points_reject_bad_config_before_ray_starts(tmp_path):
         assert code != 0, (name, (out + err)[-2000:])
         assert "Started a local Ray instance" not in out + err and "ray init kwargs" not in out + err, name
     code, _, err = results["clip_c"]
-    assert code == 2 and "verl_credit.main: error: credit.iapo.clip_c must be >= 0, got -1" in err
+    assert code == 2 and "verl_credit.main: error: credit.iapo.clip_c must be a finite number in [0, 10], got -1" in err
     _, out, err = results["stock"]
     assert "algorithm.adv_estimator=iapo needs the verl-credit trainer" in out + err
     assert "trainer.v1.trainer_mode=credit_sync" in out + err
@@ -327,12 +365,27 @@ def test_yaml_credit_node_equals_the_dataclass_defaults():
     follow verl's ``algorithm`` defaults) equals the default of its dataclass field, and the node has
     exactly the dataclasses' keys: ``CreditConfig`` (the math) plus ``CreditSettings``' runtime parts."""
     from verl_credit.config import CreditConfig
-    from verl_credit.verl.settings import AnnotatorSettings, CreditSettings, DebugSettings, EnvSettings, UserSettings
+    from verl_credit.verl.settings import (
+        AnnotatorSettings,
+        CreditSettings,
+        DebugSettings,
+        EnvSettings,
+        SessionSettings,
+        UserSettings,
+        VizSettings,
+    )
 
     runtime = {f.name: f for f in dataclasses.fields(CreditSettings) if f.name != "credit"}
     expected = _plain(CreditConfig())
     expected["layout"] = runtime["layout"].default
-    sections = {"annotator": AnnotatorSettings, "user": UserSettings, "env": EnvSettings, "debug": DebugSettings}
+    sections = {
+        "annotator": AnnotatorSettings,
+        "user": UserSettings,
+        "env": EnvSettings,
+        "debug": DebugSettings,
+        "session": SessionSettings,
+        "viz": VizSettings,
+    }
     assert set(runtime) == {"layout", *sections}, "a new CreditSettings section needs a line here"
     for name, kind in sections.items():
         assert runtime[name].default_factory is kind

@@ -3,7 +3,8 @@
 One episode, driven by a :class:`verl_credit.envs.base.Environment` chosen by name
 (``extra_info.env`` of the row, else ``credit.env.name``)::
 
-    start = env.start(task)                 system prompt, tools, first user message
+    start = env.start(task)                 system prompt, tools, first user message (and the
+                                            agent's greeting the user answered, if any)
     loop:  generate (verl's _handle_generating_state, unchanged)
            tool calls  -> env.call_tool      (verl's _handle_processing_tools_state, unchanged)
            no tool call -> simulated user   (credit.user: env | llm | scripted | none)
@@ -23,6 +24,16 @@ Recorded in ``extra_fields["credit"]`` of every output row (``CREDIT_KEY``):
   ``action_lengths``, ``stop_reason``, ``truncated_action`` and the annotation payload
   (``graph`` / ``call_graph`` / ``annotation``, see :mod:`verl_credit.verl.annotation`).
 
+The episode (everything but the annotation) runs within ``credit.session.deadline``; a training
+episode whose environment start, user reply or rollout-server call fails, or that passes the
+deadline, returns one placeholder row instead (nothing trainable, ``session_failed`` in its
+payload): the trainer drops its group, counted (:mod:`verl_credit.verl.session_failures`).
+
+An environment whose ``EpisodeStart.info`` has a ``greeting`` (tau2: the agent's opening line,
+which the simulated user's first message answers) gets it as the agent's first assistant message,
+before that user message, as tau2's orchestrator builds the agent's history; it is context (part
+of the prompt), not a trained action.
+
 Layouts (``credit.layout``): ``merged`` returns one output holding all turns (verl's layout);
 ``per_request`` returns one output per model request (prompt = the exact context the model saw,
 response = the tokens it generated), which verl stores as ``{uid}_{session}_{index}`` rows.
@@ -34,9 +45,10 @@ import asyncio
 import copy
 import logging
 import os
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, TypeVar
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput, register
 from verl.experimental.agent_loop.tool_agent_loop import AgentData, AgentState, ToolAgentLoop
@@ -56,6 +68,7 @@ from verl_credit.openai_chat import strip_thinking
 from verl_credit.trajectory import Trajectory
 from verl_credit.verl.annotation import annotate_finished_trajectory
 from verl_credit.verl.batch import VALIDATE_KEY
+from verl_credit.verl.session_failures import SessionFailure, failed_session_output, run_within_deadline
 from verl_credit.verl.settings import CreditSettings, load_settings
 from verl_credit.verl.tool_call_errors import count_malformed_tool_calls
 from verl_credit.verl.users import SimulatedUser, build_user
@@ -65,8 +78,12 @@ __all__ = ["AGENT_NAME", "CREDIT_KEY", "CreditAgentLoop", "EnvironmentTool", "Re
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "WARN"))
 
+T = TypeVar("T")
+
 AGENT_NAME = "credit_agent"
 CREDIT_KEY = "credit"
+#: ``EpisodeStart.info`` key of the agent's opening line the environment already sent to the user
+GREETING_KEY = "greeting"
 
 
 class Phase(Enum):
@@ -133,25 +150,65 @@ class CreditAgentLoop(ToolAgentLoop):
         self.settings: CreditSettings = load_settings(self.config)
 
     async def run(self, sampling_params: dict[str, Any], priority: int = 0, **kwargs: Any) -> Any:
-        """One episode -> one output (merged) or one output per model request (per_request)."""
+        """One episode -> one output (merged) or one output per model request (per_request); a
+        training episode that fails outside the policy -> one placeholder output (module docstring)."""
         extra_info = dict(kwargs.get("extra_info") or {})
         env = self._build_env(extra_info)
-        user: SimulatedUser | None = None
-        reward: float | None = None
+        users: list[SimulatedUser] = []
         try:
-            agent_data, episode_info = await self._open_episode(env, extra_info, kwargs, priority)
-            user = build_user(self.settings.user, env, extra_info, episode_info)
-            with count_malformed_tool_calls() as malformed:
-                actions, stop_reason = await self._run_episode(agent_data, sampling_params, user)
-            agent_data.credit_malformed_calls = malformed.count
-            if env is not None:
-                reward = float(await env.reward())
+            played = await run_within_deadline(
+                self._play(env, extra_info, kwargs, priority, sampling_params, users), self.settings.session.deadline
+            )
+        except SessionFailure as failure:
+            if _is_validation(kwargs):  # verl's validation skips failed sessions itself
+                raise
+            return self._failed_session(failure, kwargs)
         finally:
-            if user is not None:
+            for user in users:
                 await user.aclose()
-            if env is not None:
-                await env.close()
+            close_failed = env is not None and not await _close_environment(env)
+        agent_data, actions, stop_reason, reward = played
+        agent_data.credit_reward_failures += close_failed
         return await self._finish(agent_data, actions, stop_reason, reward, env, kwargs)
+
+    async def _play(
+        self,
+        env: Environment | None,
+        extra_info: dict[str, Any],
+        kwargs: dict[str, Any],
+        priority: int,
+        sampling_params: dict[str, Any],
+        users: list[SimulatedUser],
+    ) -> tuple[AgentData, list[RecordedAction], str, float | None]:
+        """The episode up to its reward (``users`` collects the user, for the caller to close)."""
+        agent_data, episode_info = await self._open_episode(env, extra_info, kwargs, priority)
+        user = build_user(self.settings.user, env, extra_info, episode_info)
+        if user is not None:
+            users.append(user)
+        with count_malformed_tool_calls() as malformed:
+            actions, stop_reason = await self._run_episode(agent_data, sampling_params, user)
+        agent_data.credit_malformed_calls = malformed.count
+        reward: float | None = None
+        if env is not None:
+            reward = await _scored_reward(env, agent_data)
+        return agent_data, actions, stop_reason, reward
+
+    def _failed_session(self, failure: SessionFailure, kwargs: dict[str, Any]) -> AgentLoopOutput:
+        """The placeholder row of a training session that failed outside the policy."""
+        logger.warning(
+            "credit_agent: session %s_%s failed (%s); its group is dropped from the step (credit/failed_sessions)",
+            kwargs.get("uid", ""),
+            kwargs.get("session_id", 0),
+            failure,
+        )
+        token = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else 0
+        fields = failed_session_output(
+            failure,
+            token,
+            global_steps=int(kwargs.get("global_steps", 0) or 0),
+            with_log_probs=bool(self.rollout_config.calculate_log_probs),
+        )
+        return AgentLoopOutput(metrics=AgentLoopMetrics(), **fields)
 
     # ------------------------------------------------------------------ episode
 
@@ -167,10 +224,14 @@ class CreditAgentLoop(ToolAgentLoop):
     ) -> tuple[AgentData, dict[str, Any]]:
         episode_info: dict[str, Any] = {}
         if env is not None:
-            start = await env.start(episode_task(extra_info))
+            start = await _outside_policy(
+                "environment", "starting the environment", env.start(episode_task(extra_info))
+            )
             messages: list[dict[str, Any]] = []
             if start.system_prompt:
                 messages.append({"role": "system", "content": start.system_prompt})
+            if start.info.get(GREETING_KEY):  # the line the first user message answers (tau2's orchestrator)
+                messages.append({"role": "assistant", "content": str(start.info[GREETING_KEY])})
             messages.append({"role": "user", "content": start.first_user_message})
             tools: dict[str, BaseTool] = {}
             for schema in start.tools:
@@ -200,6 +261,7 @@ class CreditAgentLoop(ToolAgentLoop):
         agent_data.credit_user_replies = 0
         agent_data.credit_dropped_calls = 0
         agent_data.credit_malformed_calls = 0
+        agent_data.credit_reward_failures = 0
         agent_data.credit_turn_rewards = []
         return agent_data, episode_info
 
@@ -238,7 +300,9 @@ class CreditAgentLoop(ToolAgentLoop):
         """verl's generating step, recording the request's context, tokens and span."""
         prompt_before = list(agent_data.prompt_ids)
         messages_before = len(agent_data.messages)
-        state = await self._handle_generating_state(agent_data, sampling_params)
+        state = await _outside_policy(
+            "policy", "the rollout server's generate", self._handle_generating_state(agent_data, sampling_params)
+        )
         generated = list(agent_data.response_ids)
         end = len(agent_data.response_mask)
         start = end - len(generated)
@@ -287,7 +351,9 @@ class CreditAgentLoop(ToolAgentLoop):
             return Phase.DONE, "no_tool_call"
         if agent_data.credit_user_replies >= self.settings.user.max_turns:
             return Phase.DONE, "user_max_turns"
-        turn = await user.reply(user_view(agent_data.messages, self.tokenizer.eos_token))
+        turn = await _outside_policy(
+            "user", "the simulated user's reply", user.reply(user_view(agent_data.messages, self.tokenizer.eos_token))
+        )
         if turn.content:
             agent_data.messages.append({"role": "user", "content": turn.content})
         if turn.done or not turn.content:
@@ -355,6 +421,7 @@ class CreditAgentLoop(ToolAgentLoop):
             "layout": self.settings.layout,
             "dropped_tool_calls": int(agent_data.credit_dropped_calls),
             "malformed_tool_calls": int(agent_data.credit_malformed_calls),
+            "reward_failures": int(agent_data.credit_reward_failures),
         }
         if agent_data.credit_turn_rewards:  # actions of the prompt earned nothing
             offset = agent_data.credit_action_offset
@@ -491,6 +558,41 @@ class CreditAgentLoop(ToolAgentLoop):
                 "credit_agent: annotation of %s failed (%r); the trainer will annotate it", trajectory.id, exc
             )
             return {"annotation_error": repr(exc)}
+
+
+async def _scored_reward(env: Environment, agent_data: AgentData) -> float:
+    """The environment's reward of the finished episode. A reward that raises -- an environment
+    the policy broke (a coding sandbox whose grader a hostile tree crashed) or that broke on its
+    own -- scores 0 and is counted in the payload's ``reward_failures`` (the trainer's
+    ``credit/reward_failures``), never a crashed rollout worker or a dropped group: a policy must
+    not escape its reward by breaking the grader."""
+    try:
+        return float(await env.reward())
+    except Exception:
+        logger.warning("credit_agent: the environment's reward failed; scored 0 (credit/reward_failures)", exc_info=1)
+        agent_data.credit_reward_failures += 1
+        return 0.0
+
+
+async def _close_environment(env: Environment) -> bool:
+    """``env.close()``; False (logged, counted in ``reward_failures`` by the caller) when it raised."""
+    try:
+        await env.close()
+        return True
+    except Exception:
+        logger.warning("credit_agent: closing the environment failed (credit/reward_failures)", exc_info=True)
+        return False
+
+
+async def _outside_policy(kind: str, what: str, step: Awaitable[T]) -> T:
+    """``await step``; an exception there (a dead or failing server, an environment that cannot
+    start) is a :class:`SessionFailure` of ``kind``, not a crash of the rollout worker."""
+    try:
+        return await step
+    except SessionFailure:
+        raise
+    except Exception as exc:
+        raise SessionFailure(kind, f"{what} failed: {exc!r}") from exc
 
 
 def parser_schema(schema: dict[str, Any]) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from verl_credit.routing import BatchCredit, compute_batch_credit, route_token_a
 from verl_credit.verl.annotation import annotate_now
 from verl_credit.verl.batch import build_span_tensors, group_sessions
 from verl_credit.verl.call_extras_step import CallExtrasState, apply_call_extras, session_reward
+from verl_credit.verl.session_failures import drop_failed_groups
 from verl_credit.verl.session_inputs import (
     Annotate,
     CreditStep,
@@ -72,8 +73,11 @@ def compute_credit_advantages(
     rows, response_length = response_mask.shape
     sessions, row_session = group_sessions(keys, tags, uids)
     advantages = torch.zeros((rows, response_length), dtype=token_level_rewards.dtype)
+    # groups with a session that failed outside the policy (user, environment, rollout server,
+    # deadline) are left out: their rows get 0, counted (verl_credit.verl.session_failures)
+    sessions, row_session, failures = drop_failed_groups(sessions, row_session, extras)
     if not sessions:
-        return CreditStep(advantages, None, [], {})
+        return CreditStep(advantages, None, [], failures.metrics())
 
     inputs = read_sessions(sessions, keys, extras, rollout_mask, token_level_rewards)
     found = session_graphs(sessions, inputs, settings, annotate)
@@ -88,6 +92,7 @@ def compute_credit_advantages(
         found.call_graphs,
         anchor_states=found.anchor_states,
         turn_rewards=found.turn_rewards,
+        information_gains=found.information_gains,
     )
     if inputs.nonfinite:
         neutralize_groups(credit, sessions, inputs.nonfinite)
@@ -121,6 +126,7 @@ def compute_credit_advantages(
         metrics["credit/rv_reward_per_session"] = rv_total / len(sessions)
     metrics.update(extra_metrics)
     metrics["credit/annotated_in_trainer"] = float(found.annotated_in_trainer)
+    metrics["credit/trainer_annotation_timeouts"] = float(found.trainer_annotation_timeouts)
     metrics["credit/missing_transcript"] = float(found.missing_transcript)
     if found.turn_rewards is not None:
         metrics["credit/bad_turn_rewards"] = float(found.bad_turn_rewards)
@@ -132,9 +138,11 @@ def compute_credit_advantages(
     metrics["credit/malformed_tool_calls"] = float(
         sum(payload_count(p.get("malformed_tool_calls")) for p in inputs.payloads)
     )
+    metrics["credit/reward_failures"] = float(sum(payload_count(p.get("reward_failures")) for p in inputs.payloads))
     metrics["credit/nonfinite_rewards"] = float(len(inputs.nonfinite))
     metrics["credit/nonfinite_advantages"] = float(nonfinite_advantages.sum())
     metrics["credit/sessions"] = float(len(sessions))
+    metrics.update(failures.metrics())
     metrics["credit/rows_per_session"] = float(sum(len(s.rows) for s in sessions)) / len(sessions)
     return CreditStep(advantages, credit, sessions, metrics, config)
 

@@ -16,12 +16,17 @@ from verl_credit.anchor_states import anchor_states
 from verl_credit.annotate.base import AnnotationResult, AnnotationStats
 from verl_credit.call_graph import CallGraph
 from verl_credit.config import CreditConfig
-from verl_credit.estimators.needs import TURN_REWARDS_KEY, check_turn_rewards
+from verl_credit.estimators.needs import (
+    INFORMATION_GAINS_KEY,
+    TURN_REWARDS_KEY,
+    check_information_gains,
+    check_turn_rewards,
+)
 from verl_credit.estimators.registry import get_estimator
 from verl_credit.graph import GraphValidation, InfluenceGraph
 from verl_credit.routing import BatchCredit
 from verl_credit.trajectory import Trajectory
-from verl_credit.verl.annotation import build_call_graph, result_from_payload
+from verl_credit.verl.annotation import TRAINER_DEADLINE_ERROR, build_call_graph, result_from_payload
 from verl_credit.verl.batch import (
     Session,
     credit_payload,
@@ -81,9 +86,11 @@ class SessionGraphs:
     role_graphs: list[CallGraph] | None = None  # call roles for the metrics only (iapo, grpo)
     anchor_states: list[list[str]] | None = None  # per action (gigpo, turn_reward)
     turn_rewards: list[list[float] | None] | None = None  # per action, where the environment gave them
+    information_gains: list[list[float | None] | None] | None = None  # per action (info_gain)
     annotated_in_trainer: int = 0
     missing_transcript: int = 0
     bad_turn_rewards: int = 0
+    trainer_annotation_timeouts: int = 0  # sessions the trainer's own annotation gave up on (its deadline)
 
 
 def read_sessions(
@@ -149,7 +156,8 @@ def session_graphs(
     sessions: list[Session], inputs: SessionInputs, settings: CreditSettings, annotate: Annotate
 ) -> SessionGraphs:
     """What the estimator needs (``Estimator.needs``) of every session: influence graphs, call
-    graphs, anchor states, turn rewards."""
+    graphs, anchor states, turn rewards, information gains (the trainer's extra forward passes put
+    them in each session's payload, ``verl_credit.verl.info_gain_step``)."""
     found = SessionGraphs()
     found.stats = AnnotationStats()
     needs = get_estimator(settings.estimator).needs
@@ -165,6 +173,11 @@ def session_graphs(
         found.stats.seconds = sum(float((p.get("annotation") or {}).get("seconds", 0.0)) for p in inputs.payloads)
     if "anchor_states" in needs:
         found.anchor_states = _anchor_states(sessions, inputs, settings.credit, found)
+    if "information_gains" in needs:
+        found.information_gains = [
+            _information_gains(session, payload, len(lengths))
+            for session, payload, lengths in zip(sessions, inputs.payloads, inputs.lengths, strict=True)
+        ]
     if "turn_rewards" in needs:
         found.turn_rewards = [
             _turn_rewards(session, payload, len(lengths), found)
@@ -173,6 +186,16 @@ def session_graphs(
     if found.call_graphs is None:
         found.role_graphs = _role_graphs(inputs.payloads)
     return found
+
+
+def _information_gains(session: Session, payload: Mapping[str, Any], num_actions: int) -> list[float | None] | None:
+    """The session's per-action information gains (``None``: it has none, GRPO credit); malformed
+    ones are dropped with a warning: that session gets GRPO credit."""
+    try:
+        return check_information_gains(payload.get(INFORMATION_GAINS_KEY), num_actions, f"session {session.key}")
+    except ValueError as exc:
+        logger.warning("credit: %s; its information gains are ignored", exc)
+        return None
 
 
 def _turn_rewards(
@@ -275,6 +298,7 @@ def _influence_graphs(
         annotated = annotate([inputs.trajectories[n] for n in pending], settings)  # type: ignore[misc]
         for number, result in zip(pending, annotated, strict=True):
             results[number] = result
+            found.trainer_annotation_timeouts += int(result.error == TRAINER_DEADLINE_ERROR)
     if timed_out:
         rules = replace(settings, name="rules", cache_path=None)
         annotated = annotate([inputs.trajectories[n] for n in timed_out], rules)  # type: ignore[misc]

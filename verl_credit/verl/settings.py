@@ -9,12 +9,16 @@ frozen dataclasses:
   ``.ig_downweight.*``, ``.adaptive_omega.*``, ``.dpo_export.*``) ->
   :class:`verl_credit.config.CreditConfig` (its own validation; the edit proposer's name is
   resolved here);
-* the rollout/runtime parts (``layout``, ``annotator.*``, ``user.*``, ``env.*``) -> the classes
-  below.
+* the rollout/runtime parts (``layout``, ``annotator.*``, ``user.*``, ``env.*``, ``debug.*``,
+  ``viz.*``, ``session.*``) -> the classes below.
 
-Every bad value raises ``ValueError`` whose message starts with the full key (``credit.layout``,
-``credit.annotator.timeout`` ...). No verl import here: ``verl_credit.verl.main`` calls
-:func:`load_settings` before Ray is started.
+Every field declares its type and allowed range (:mod:`verl_credit.config_rules`; the yaml's
+comments state the same ranges): every bad value -- the wrong type (``'30'``, ``'false'``), not
+finite, out of range -- raises ``ValueError`` whose message starts with the full key
+(``credit.layout``, ``credit.annotator.timeout`` ...) and states the allowed range. A limit is
+switched off only by its documented value (``credit.annotator.deadline: null``,
+``credit.annotator.max_model_len: 0``), never by an infinite or huge number. No verl import
+here: ``verl_credit.verl.main`` calls :func:`load_settings` before Ray is started.
 
 ``credit.annotator.cache_path`` may contain ``{hostname}``: :func:`load_settings` replaces it with
 the host name of the process that loads the settings (every rollout worker and the trainer load
@@ -34,7 +38,22 @@ from pathlib import Path
 from typing import Any
 
 from verl_credit.annotate import defaults as annotator_defaults
-from verl_credit.config import SECTIONS, CreditConfig, build_section
+from verl_credit.config import SECTIONS, CreditConfig, build_section, mapping_of
+from verl_credit.config_rules import (
+    MAX_COUNT,
+    MAX_RETRIES,
+    MAX_SECONDS,
+    MAX_TOKENS,
+    Choice,
+    Number,
+    Section,
+    Switch,
+    Table,
+    Text,
+    Texts,
+    check_fields,
+    setting,
+)
 from verl_credit.estimators.registry import estimator_names
 
 __all__ = [
@@ -48,7 +67,9 @@ __all__ = [
     "CreditSettings",
     "DebugSettings",
     "EnvSettings",
+    "SessionSettings",
     "UserSettings",
+    "VizSettings",
     "check_cache_location",
     "check_trainer_selection",
     "credit_estimators",
@@ -76,6 +97,14 @@ CREDIT_TRAINER_MODE = "credit_sync"
 LAYOUTS: tuple[str, ...] = ("merged", "per_request")
 ANNOTATOR_FALLBACKS: tuple[str, ...] = ("rules", "uniform")
 USER_KINDS: tuple[str, ...] = ("env", "llm", "scripted", "none")
+#: a timeout in seconds: positive and at most a day (a larger one is no limit)
+SECONDS = Number(0.0, MAX_SECONDS, low_open=True)
+#: retries of one request
+RETRIES = Number(0, MAX_RETRIES, integer=True)
+#: the highest sampling temperature of the simulated user
+MAX_TEMPERATURE = 10.0
+#: the longest period in training steps (``credit.viz.every_n_steps``)
+MAX_STEPS = 10**9
 _CREDIT_MATH_KEYS = ("estimator", "norm_adv_by_std_in_grpo", "epsilon", "call_credit", *SECTIONS)
 #: replaced in ``credit.annotator.cache_path`` by the loading process's host name (one file per node)
 HOSTNAME_PLACEHOLDER = "{hostname}"
@@ -115,81 +144,55 @@ NETWORK_FS_TYPES: frozenset[str] = frozenset(
 class AnnotatorSettings:
     """``credit.annotator.*``: which annotator builds the IAPO graphs, and where it runs."""
 
-    name: str = "rules"
+    name: str = setting("rules", Text())
     """Registered annotator: ``rules`` | ``llm`` | ``hybrid``."""
-    in_rollout: bool = True
+    in_rollout: bool = setting(True, Switch())
     """Annotate each trajectory in the agent loop as soon as it finishes (off the trainer's path)."""
-    base_urls: tuple[str, ...] = ()
+    base_urls: tuple[str, ...] = setting((), Texts())
     """OpenAI-compatible endpoints of the LLM annotator (``llm``/``hybrid``)."""
-    model: str | None = None
+    model: str | None = setting(None, Text(null="unset"))
     """Served model name of the LLM annotator."""
-    timeout: float = annotator_defaults.TIMEOUT_S
+    timeout: float = setting(annotator_defaults.TIMEOUT_S, SECONDS)
     """Seconds per LLM request."""
-    concurrency: int = annotator_defaults.CONCURRENCY
+    concurrency: int = setting(annotator_defaults.CONCURRENCY, Number(1, MAX_COUNT, integer=True))
     """Trajectories annotated at once per process."""
-    max_retries: int = annotator_defaults.MAX_RETRIES
+    max_retries: int = setting(annotator_defaults.MAX_RETRIES, RETRIES)
     """LLM retries (with backoff) before the fallback."""
-    fallback: str = annotator_defaults.FALLBACK
+    fallback: str = setting(annotator_defaults.FALLBACK, Choice(ANNOTATOR_FALLBACKS))
     """After a final LLM failure: ``rules`` or ``uniform`` (counted in ``credit/fallback_rate``)."""
-    cache_path: str | None = None
+    cache_path: str | None = setting(None, Text(null="no cache"))
     """sqlite graph cache shared by the processes of one node (``null``: no cache). Use node-local
     disk: sqlite's WAL mode needs every process of a database on one host, so a path on a network
     filesystem is refused for ``trainer.nnodes > 1`` unless it contains ``{hostname}`` (one file
     per node; :func:`load_settings` fills it in)."""
-    in_validation: bool = False
+    in_validation: bool = setting(False, Switch())
     """Annotate validation episodes too. Off: validation rollouts carry no graph (saves e.g. 100
     LLM-annotator calls per ``trainer.test_freq``)."""
-    deadline: float | None = 300.0
+    deadline: float | None = setting(300.0, Number(0.0, MAX_SECONDS, low_open=True, null="no deadline"))
     """Seconds one session's annotation may take in the rollout worker; on expiry the session gets
     the fallback (counted) instead of stalling the step. ``null``: no deadline."""
-    max_model_len: int | None = None
+    max_fallback_rate: float = setting(0.2, Number(0.0, 1.0))
+    """The highest share of sessions given a fallback graph (``credit/fallback_rate``) over the last
+    ``fallback_window`` steps before the trainer warns every step (``credit/fallback_rate_window``):
+    past it the run is rule-graph (or uniform) IAPO, not what was asked for."""
+    fallback_window: int = setting(5, Number(1, MAX_STEPS, integer=True))
+    """Training steps the fallback rate is measured over (``max_fallback_rate``)."""
+    stop_on_fallback: bool = setting(False, Switch())
+    """Stop the run (after a checkpoint) once the window is full and its fallback rate passes
+    ``max_fallback_rate``; off: warn every step."""
+    max_model_len: int | None = setting(
+        None, Number(0, MAX_TOKENS, integer=True, zero="no context budget", null="ask the server's /v1/models")
+    )
     """``llm``/``hybrid``: the annotator server's context length, for the prompt's token budget
     (``null``: asked from the server's ``/v1/models`` once; ``0``: no budget). Over-long prompts
     are cut in the middle of long texts (never an action), counted in ``credit/truncated_prompts``."""
-    max_prompt_tokens: int | None = None
+    max_prompt_tokens: int | None = setting(None, Number(1, MAX_TOKENS, integer=True, null="only the context length"))
     """``llm``/``hybrid``: a cap on the prompt's estimated tokens (``null``: only the context length)."""
-    trust_env: bool = False
+    trust_env: bool = setting(False, Switch())
     """``llm``/``hybrid``: let the HTTP client read ``HTTP(S)_PROXY`` (off: in-cluster endpoints go direct)."""
 
     def __post_init__(self) -> None:
-        _require(bool(self.name), "credit.annotator.name", "must be a registered annotator name", self.name)
-        _require(self.timeout > 0, "credit.annotator.timeout", "must be > 0", self.timeout)
-        _require(self.concurrency >= 1, "credit.annotator.concurrency", "must be >= 1", self.concurrency)
-        _require(self.max_retries >= 0, "credit.annotator.max_retries", "must be >= 0", self.max_retries)
-        _require(
-            self.max_model_len is None or (_is_int(self.max_model_len) and self.max_model_len >= 0),
-            "credit.annotator.max_model_len",
-            "must be an integer >= 0 (0: no budget) or null (ask the server)",
-            self.max_model_len,
-        )
-        _require(
-            self.max_prompt_tokens is None or (_is_int(self.max_prompt_tokens) and self.max_prompt_tokens > 0),
-            "credit.annotator.max_prompt_tokens",
-            "must be an integer > 0 or null",
-            self.max_prompt_tokens,
-        )
-        _require(
-            isinstance(self.trust_env, bool), "credit.annotator.trust_env", "must be true or false", self.trust_env
-        )
-        _require(
-            self.fallback in ANNOTATOR_FALLBACKS,
-            "credit.annotator.fallback",
-            f"must be one of {ANNOTATOR_FALLBACKS}",
-            self.fallback,
-        )
-        _require(
-            isinstance(self.in_validation, bool),
-            "credit.annotator.in_validation",
-            "must be true or false",
-            self.in_validation,
-        )
-        _require(
-            self.deadline is None
-            or (isinstance(self.deadline, int | float) and not isinstance(self.deadline, bool) and self.deadline > 0),
-            "credit.annotator.deadline",
-            "must be > 0 seconds or null (no deadline)",
-            self.deadline,
-        )
+        check_fields(self, "credit.annotator")
         if self.name in ("llm", "hybrid"):
             _require(
                 bool(self.base_urls),
@@ -221,76 +224,121 @@ class AnnotatorSettings:
 class UserSettings:
     """``credit.user.*``: the simulated user that answers assistant turns without tool calls."""
 
-    name: str = "env"
+    name: str = setting("env", Choice(USER_KINDS))
     """``env`` (the environment's own user), ``llm`` (OpenAI-compatible endpoint), ``scripted``, ``none``."""
-    base_url: str | None = None
+    base_url: str | None = setting(None, Text(null="unset"))
     """Endpoint of the ``llm`` user, e.g. ``http://host:8001/v1``."""
-    model: str | None = None
+    model: str | None = setting(None, Text(null="unset"))
     """Served model name of the ``llm`` user."""
-    api_key_env: str | None = None
+    api_key_env: str | None = setting(None, Text(null="no key sent"))
     """Name of an environment variable holding the endpoint's API key (``null``: no key sent)."""
-    instructions: str | None = None
+    instructions: str | None = setting(None, Text(null="none", empty=True))
     """Default user instructions (a row's ``extra_info.user_instructions`` wins)."""
-    temperature: float = 0.0
-    max_tokens: int = 512
-    timeout: float = 60.0
-    max_retries: int = 3
-    max_turns: int = 10
+    temperature: float = setting(0.0, Number(0.0, MAX_TEMPERATURE))
+    max_tokens: int = setting(512, Number(1, MAX_TOKENS, integer=True))
+    timeout: float = setting(60.0, SECONDS)
+    max_retries: int = setting(3, RETRIES)
+    max_turns: int = setting(10, Number(0, MAX_COUNT, integer=True))
     """Simulated user replies per episode; the episode ends after that many."""
-    stop_token: str = "###STOP###"
+    stop_token: str = setting("###STOP###", Text())
     """The ``llm`` user ends the conversation by writing this token."""
-    script: tuple[str, ...] = ()
+    script: tuple[str, ...] = setting((), Texts())
     """Replies of the ``scripted`` user (a row's ``extra_info.user_script`` wins)."""
-    trust_env: bool = False
+    trust_env: bool = setting(False, Switch())
     """Let the ``llm`` user's HTTP client read ``HTTP(S)_PROXY`` (off: in-cluster endpoints go direct)."""
 
     def __post_init__(self) -> None:
-        _require(self.name in USER_KINDS, "credit.user.name", f"must be one of {USER_KINDS}", self.name)
+        check_fields(self, "credit.user")
         if self.name == "llm":
             _require(bool(self.base_url), "credit.user.base_url", "must be set for the llm user", self.base_url)
             _require(bool(self.model), "credit.user.model", "must be set for the llm user", self.model)
-        _require(self.temperature >= 0, "credit.user.temperature", "must be >= 0", self.temperature)
-        _require(self.max_tokens >= 1, "credit.user.max_tokens", "must be >= 1", self.max_tokens)
-        _require(self.timeout > 0, "credit.user.timeout", "must be > 0", self.timeout)
-        _require(self.max_retries >= 0, "credit.user.max_retries", "must be >= 0", self.max_retries)
-        _require(self.max_turns >= 0, "credit.user.max_turns", "must be >= 0", self.max_turns)
-        _require(bool(self.stop_token), "credit.user.stop_token", "must be a non-empty string", self.stop_token)
-        _require(isinstance(self.trust_env, bool), "credit.user.trust_env", "must be true or false", self.trust_env)
 
 
 @dataclass(frozen=True)
 class EnvSettings:
     """``credit.env.*``: the environment that drives each episode (a row's ``extra_info.env`` wins)."""
 
-    name: str | None = None
+    name: str | None = setting(None, Text(null="verl's own tools"))
     """Registered environment (``service``, ``tau2``, ``coding``, ...); ``null``: verl's own tools."""
-    options: Mapping[str, Any] = field(default_factory=dict)
-    """Constructor options of the environment (merged under a row's ``extra_info.env_options``)."""
+    options: Mapping[str, Any] = setting(rule=Table(), factory=dict)
+    """Constructor options of the environment (merged under a row's ``extra_info.env_options``;
+    each environment checks its own)."""
+
+    def __post_init__(self) -> None:
+        check_fields(self, "credit.env")
+
+
+@dataclass(frozen=True)
+class SessionSettings:
+    """``credit.session.*``: how long one rollout session may take, how many may fail, and the
+    start-up probe of the endpoints sessions call (:mod:`verl_credit.verl.session_failures`,
+    :mod:`verl_credit.verl.cluster_checks`)."""
+
+    deadline: float | None = setting(1800.0, Number(0.0, MAX_SECONDS, low_open=True, null="no deadline"))
+    """Seconds one training episode may take, whatever it waits on (the rollout server, the
+    simulated user and all their retries): one deadline per session, not per request. Past it, or
+    when the user simulator or the rollout server fails, the session's group is dropped from the
+    step (counted in ``credit/failed_sessions``). ``null``: no deadline."""
+    max_failed_share: float = setting(0.25, Number(0.0, 1.0, high_open=True))
+    """Stop the run (after a checkpoint of the last trained step) when more than this share of a
+    step's sessions failed (``credit/failed_session_share``); below it their groups are dropped."""
+    probe_endpoints: bool = setting(True, Switch())
+    """At start-up, GET ``/models`` of every endpoint the sessions call from every Ray node, refuse
+    a loopback URL on nodes with several addresses, and (``trainer.nnodes > 1``) check that every
+    node sees ``trainer.default_local_dir``."""
+    probe_timeout: float = setting(10.0, SECONDS)
+    """Seconds per probe request."""
+
+    def __post_init__(self) -> None:
+        check_fields(self, "credit.session")
 
 
 @dataclass(frozen=True)
 class DebugSettings:
     """``credit.debug.*``: audit dumps of what the trainer computed (off by default)."""
 
-    dump_dir: str | None = None
+    dump_dir: str | None = setting(None, Text(null="no dump"))
     """Folder the trainer writes one ``step_N.pt`` per training step into: every row's key, tags,
     rollout mask, rewards, ``extra_fields['credit']`` payload and the advantages the actor receives
     (``verl_credit.verl.cpu.check`` recomputes them offline with ``routing``). ``null``: no dump."""
+
+    def __post_init__(self) -> None:
+        check_fields(self, "credit.debug")
+
+
+@dataclass(frozen=True)
+class VizSettings:
+    """``credit.viz.*``: pictures of the credit while it trains (``verl_credit.verl.viz``)."""
+
+    every_n_steps: int = setting(10, Number(0, MAX_STEPS, integer=True, zero="off"))
+    """Draw every N-th training step (``global_step % N == 0``, as ``trainer.test_freq``); 0: off."""
+    rollouts: int = setting(4, Number(1, MAX_COUNT, integer=True))
+    """Rollouts pictured per drawn step: a success and a failure of the same task where the step has one."""
+    dir: str | None = setting(None, Text(null="credit_viz/<project_name>/<experiment_name>"))
+    """Folder of the PNGs and HTML pages (``null``: ``credit_viz/<project_name>/<experiment_name>`` in
+    the trainer's working directory, like verl's ``tensorboard_log``)."""
+
+    def __post_init__(self) -> None:
+        check_fields(self, "credit.viz")
 
 
 @dataclass(frozen=True)
 class CreditSettings:
     """Everything under ``credit``."""
 
-    credit: CreditConfig
-    layout: str = "merged"
-    annotator: AnnotatorSettings = field(default_factory=AnnotatorSettings)
-    user: UserSettings = field(default_factory=UserSettings)
-    env: EnvSettings = field(default_factory=EnvSettings)
-    debug: DebugSettings = field(default_factory=DebugSettings)
+    credit: CreditConfig = field(metadata={"rule": Section(CreditConfig)})
+    layout: str = setting("merged", Choice(LAYOUTS))
+    annotator: AnnotatorSettings = field(
+        default_factory=AnnotatorSettings, metadata={"rule": Section(AnnotatorSettings)}
+    )
+    user: UserSettings = field(default_factory=UserSettings, metadata={"rule": Section(UserSettings)})
+    env: EnvSettings = field(default_factory=EnvSettings, metadata={"rule": Section(EnvSettings)})
+    debug: DebugSettings = field(default_factory=DebugSettings, metadata={"rule": Section(DebugSettings)})
+    viz: VizSettings = field(default_factory=VizSettings, metadata={"rule": Section(VizSettings)})
+    session: SessionSettings = field(default_factory=SessionSettings, metadata={"rule": Section(SessionSettings)})
 
     def __post_init__(self) -> None:
-        _require(self.layout in LAYOUTS, "credit.layout", f"must be one of {LAYOUTS}", self.layout)
+        check_fields(self, "credit")
 
     @property
     def estimator(self) -> str:
@@ -309,7 +357,9 @@ def load_settings(config: Any) -> CreditSettings:
     values = _to_plain(node)
     if not isinstance(values, dict):
         raise ValueError(f"credit: expected a mapping, got {type(values).__name__}")
-    known = set(_CREDIT_MATH_KEYS) | {"layout", "annotator", "user", "env", "debug"}
+    if algorithm is not None:
+        _check_shared_normalization(values, algorithm)
+    known = set(_CREDIT_MATH_KEYS) | {"layout", "annotator", "user", "env", "debug", "viz", "session"}
     unknown = sorted(set(values) - known)
     if unknown:
         raise ValueError(f"unknown key(s) {', '.join('credit.' + k for k in unknown)}; known: {sorted(known)}")
@@ -322,26 +372,53 @@ def load_settings(config: Any) -> CreditSettings:
                 f"credit.estimator={credit.estimator!r} but algorithm.adv_estimator={adv_estimator!r}; "
                 "set algorithm.adv_estimator (credit.estimator follows it by interpolation)"
             )
-    annotator_values = dict(values.get("annotator") or {})
-    if annotator_values.get("cache_path"):
-        annotator_values["cache_path"] = expand_cache_path(str(annotator_values["cache_path"]))
+    annotator_values = mapping_of(values.get("annotator"), "credit.annotator")
+    if isinstance(annotator_values.get("cache_path"), str) and annotator_values["cache_path"]:
+        annotator_values["cache_path"] = expand_cache_path(annotator_values["cache_path"])
     if "base_urls" in annotator_values:
         urls = annotator_values["base_urls"]
-        annotator_values["base_urls"] = tuple([urls] if isinstance(urls, str) else (urls or ()))
-    user_values = dict(values.get("user") or {})
-    if "script" in user_values:
-        user_values["script"] = tuple(str(s) for s in (user_values["script"] or ()))
-    env_values = dict(values.get("env") or {})
-    if "options" in env_values:
-        env_values["options"] = dict(env_values["options"] or {})
+        if urls is None or isinstance(urls, str):  # one endpoint given as a string
+            annotator_values["base_urls"] = (urls,) if urls else ()
+        elif isinstance(urls, list | tuple):
+            annotator_values["base_urls"] = tuple(urls)
+    user_values = mapping_of(values.get("user"), "credit.user")
+    script = user_values.get("script")
+    if script is None and "script" in user_values:
+        user_values["script"] = ()
+    elif isinstance(script, list | tuple):  # a reply such as 1 or yes is text to the user
+        user_values["script"] = tuple(str(s) for s in script)
+    env_values = mapping_of(values.get("env"), "credit.env")
+    if env_values.get("options") is None and "options" in env_values:
+        env_values["options"] = {}
+    elif isinstance(env_values.get("options"), Mapping):
+        env_values["options"] = dict(env_values["options"])
     return CreditSettings(
         credit=credit,
-        layout=str(values.get("layout", "merged")),
+        layout=values.get("layout", "merged"),
         annotator=build_section(AnnotatorSettings, annotator_values, "credit.annotator"),
         user=build_section(UserSettings, user_values, "credit.user"),
         env=build_section(EnvSettings, env_values, "credit.env"),
-        debug=build_section(DebugSettings, dict(values.get("debug") or {}), "credit.debug"),
+        debug=build_section(DebugSettings, values.get("debug"), "credit.debug"),
+        viz=build_section(VizSettings, values.get("viz"), "credit.viz"),
+        session=build_section(SessionSettings, values.get("session"), "credit.session"),
     )
+
+
+def _check_shared_normalization(values: Mapping[str, Any], algorithm: Mapping[str, Any]) -> None:
+    """``algorithm.norm_adv_by_std_in_grpo`` (verl's key, which ``credit.norm_adv_by_std_in_grpo``
+    follows by interpolation) must be a real boolean -- ``'false'`` is truthy -- and the two must
+    agree: the credit math reads one, verl's own code and the trainer's audit dump the other."""
+    if "norm_adv_by_std_in_grpo" not in algorithm:
+        return
+    verl_value = algorithm.get("norm_adv_by_std_in_grpo")
+    if not isinstance(verl_value, bool):
+        raise ValueError(f"algorithm.norm_adv_by_std_in_grpo must be true or false, got {verl_value!r}")
+    ours = values.get("norm_adv_by_std_in_grpo", verl_value)
+    if isinstance(ours, bool) and ours != verl_value:
+        raise ValueError(
+            f"credit.norm_adv_by_std_in_grpo={ours} but algorithm.norm_adv_by_std_in_grpo={verl_value}; set "
+            "algorithm.norm_adv_by_std_in_grpo (credit.norm_adv_by_std_in_grpo follows it by interpolation)"
+        )
 
 
 def expand_cache_path(path: str, hostname: str | None = None) -> str:
@@ -510,7 +587,3 @@ def _is_credit_trainer(mode: Any) -> bool:
 
     cls = TRAINER_REGISTRY.get(str(mode))
     return isinstance(cls, type) and getattr(cls, "is_credit_trainer", False) is True
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)

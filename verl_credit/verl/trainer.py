@@ -12,7 +12,9 @@ Per step (``CreditTrainerSync._compute_advantage``), on the batch already in Tra
    routing (:func:`apply_call_extras`; each behind a ``credit.call_credit.*`` switch, off by
    default): counterfactual calibration of the top-|A| AE calls by replaying them through the
    session's environment, IG down-weighting, adaptive role weights (kept on the trainer across
-   steps and in checkpoints) and DPO pair export;
+   steps and in checkpoints) and DPO pair export; for info_gain, first one actor forward pass per
+   feedback turn with that feedback masked (:mod:`verl_credit.verl.info_gain_step`), the measured
+   gains put into the sessions' payloads (so the dump and the offline check see them);
 4. write ``advantages``/``returns`` (and verl's optional fields) back, as verl does;
 5. DESIGN section 6 metrics into ``metrics`` (verl's tracker logs them).
 
@@ -29,8 +31,17 @@ Around the advantage step:
   (``credit/optimizer_updates``, ``credit/mini_batch_rows``, ``credit/padding_rows``);
 * ``_validate`` tags every validation row ``credit_validate=True`` (it reaches the agent loop's
   ``run(**kwargs)``);
+* start-up (``__init__``, before any worker): every endpoint the sessions call answers from every
+  Ray node, no loopback URL across hosts, a shared checkpoint folder for ``trainer.nnodes > 1``
+  (:func:`verl_credit.verl.cluster_checks.check_cluster`);
+* after the credit: :class:`verl_credit.verl.run_guards.RunGuards` -- too many failed sessions
+  (``credit.session.max_failed_share``) or a fallback rate past ``credit.annotator.max_fallback_rate``
+  with ``stop_on_fallback`` -- saves the last trained step and stops the run (:meth:`_stop_run`);
 * ``algorithm.filter_groups`` (DAPO dynamic sampling) is verl's own sampler: ``reward`` or
-  ``env_reward`` (:func:`check_filter_groups`); ``credit/zero_adv_groups`` shows what is left.
+  ``env_reward`` (:func:`check_filter_groups`); ``credit/zero_adv_groups`` shows what is left;
+* ``credit.viz.every_n_steps``: the step's record goes to :class:`verl_credit.verl.viz.CreditViz`,
+  which draws a few rollouts in a worker thread; ``_consume_sync_metrics`` logs the finished
+  pictures through verl's tracker before verl logs the step (``credit/viz_*``).
 """
 
 from __future__ import annotations
@@ -38,7 +49,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -59,17 +70,25 @@ from verl_credit.verl.batch import (
     MiniBatchPlan,
     ValidationBatches,
     count_sessions,
-    credit_payload,
     plan_mini_batches,
 )
 from verl_credit.verl.call_extras_step import CREDIT_STATE_FILE, CallExtrasState, load_credit_state, save_credit_state
+from verl_credit.verl.cluster_checks import check_cluster
 from verl_credit.verl.credit_dump import write_step_dump
 from verl_credit.verl.credit_step import compute_credit_advantages
+from verl_credit.verl.info_gain_step import (
+    attach_information_gains,
+    info_gain_credit_metrics,
+    measure_information_gains,
+)
+from verl_credit.verl.run_guards import RunGuards
 from verl_credit.verl.settings import (
     CREDIT_TRAINER_MODE,
     CreditSettings,
     load_settings,
 )
+from verl_credit.verl.step_record import step_record
+from verl_credit.verl.viz import CreditViz, default_viz_dir
 
 __all__ = ["FILTER_GROUPS_METRICS", "CreditTrainerSync", "check_filter_groups"]
 
@@ -100,6 +119,8 @@ class CreditTrainerSync(PPOTrainerSync):
             # (VERL_NOTES section 1): keep verl's "sync" semantics.
             config.trainer.v1.trainer_mode = "sync"
         call_extras = CallExtrasState.from_settings(settings)  # a bad proposer fails before workers start
+        # every endpoint from every Ray node, no loopback URL across hosts, a shared checkpoint folder
+        check_cluster(config, settings)
         super().__init__(config)
         self._credit_settings: CreditSettings | None = settings
         self._call_extras: CallExtrasState | None = call_extras
@@ -116,6 +137,57 @@ class CreditTrainerSync(PPOTrainerSync):
         if getattr(self, "_call_extras", None) is None:
             self._call_extras = CallExtrasState.from_settings(self.credit_settings)
         return self._call_extras  # type: ignore[return-value]
+
+    @property
+    def run_guards(self) -> RunGuards:
+        """The stop rules (failed sessions, annotator fallbacks), kept across steps."""
+        if getattr(self, "_run_guards", None) is None:
+            self._run_guards = RunGuards(self.credit_settings.session, self.credit_settings.annotator)
+        return self._run_guards  # type: ignore[return-value]
+
+    def _stop_run(self, reason: str) -> None:
+        """Save the last trained step (the current one has not updated the actor) and raise.
+
+        Raises:
+            RuntimeError: ``reason`` and where the checkpoint is.
+        """
+        step = int(getattr(self, "global_steps", 0))
+        trained = step - 1
+        folder = os.path.join(str(self.config.trainer.default_local_dir), f"global_step_{trained}")
+        latest = os.path.join(str(self.config.trainer.default_local_dir), "latest_checkpointed_iteration.txt")
+        if trained < 1:
+            saved = "no step was trained yet: no checkpoint saved"
+        elif os.path.exists(latest) and Path(latest).read_text(encoding="utf-8").strip() == str(trained):
+            saved = f"the last trained step's checkpoint {folder} was already saved"
+        else:
+            self.global_steps = trained  # the folder is named after the weights it holds
+            try:
+                self._save_checkpoint()
+            finally:
+                self.global_steps = step
+            saved = f"saved the last trained step's checkpoint: {folder}"
+        raise RuntimeError(f"credit: stopping the run: {reason}; {saved}")
+
+    @property
+    def credit_viz(self) -> CreditViz:
+        """The live credit pictures (``credit.viz.*``; drawn in a worker thread)."""
+        if getattr(self, "_credit_viz", None) is None:
+            viz = self.credit_settings.viz
+            trainer = self.config.trainer
+            folder = viz.dir or default_viz_dir(trainer.project_name, trainer.experiment_name)
+            self._credit_viz = CreditViz(viz, folder)
+        return self._credit_viz  # type: ignore[return-value]
+
+    def _consume_sync_metrics(self) -> dict:
+        """verl's weight-sync stats plus ``credit/viz_*``: the pictures drawn so far are handed to
+        verl's tracker (``self.logger``, given with the record) here, on the trainer's thread,
+        right before verl logs the step's metrics (all of them at the last step)."""
+        metrics = super()._consume_sync_metrics()
+        step = int(getattr(self, "global_steps", 0))
+        total = getattr(self, "total_training_steps", None)
+        final = total is not None and step >= int(total)
+        metrics.update(self.credit_viz.drain(step, final=final))
+        return metrics
 
     def _save_checkpoint(self):
         """verl's checkpoint plus ``credit_state.json`` (the adaptive omega), written first so a
@@ -172,8 +244,12 @@ class CreditTrainerSync(PPOTrainerSync):
             data, is_metrics = compute_rollout_correction_and_add_to_batch(data, rollout_corr_config)
             metrics.update(is_metrics)
 
-        # 3: credit (for call_credit with replays on, also the rows' extra_info: environment and task)
+        # 3: credit (for call_credit with replays on, also the rows' extra_info: environment and task;
+        # for info_gain, first its masked forward passes through the actor, their gains put in the payloads)
         settings = self.credit_settings
+        if "information_gains" in get_estimator(settings.estimator).needs:
+            old_log_probs = data.batch["old_log_probs"] if "old_log_probs" in data.batch.keys() and not bypass else None
+            metrics.update(self._measure_information_gains(batch, uids, extras, rollout_mask, old_log_probs))
         replaying = get_estimator(settings.estimator).call_credit_parts and settings.credit.call_credit.needs_replay
         step = compute_credit_advantages(
             batch.keys,
@@ -191,6 +267,11 @@ class CreditTrainerSync(PPOTrainerSync):
         data.batch["advantages"] = step.advantages
         data.batch["returns"] = step.advantages
         metrics.update(step.metrics)
+        stop = self.run_guards.check(metrics, int(getattr(self, "global_steps", 0)))
+        if stop is not None:
+            self._stop_run(stop)
+        if step.credit is not None:
+            metrics.update(info_gain_credit_metrics(step.credit.extras, step.credit.lengths))
 
         # 4: write back like verl
         out_fields = ["advantages", "returns"]
@@ -203,22 +284,55 @@ class CreditTrainerSync(PPOTrainerSync):
         output = TensorDict(
             {name: response_to_nested(data.batch[name], response_mask) for name in out_fields}, batch_size=len(batch)
         )
-        if settings.debug.dump_dir:
-            self._pending_dump = {
-                "keys": list(batch.keys),
-                "tags": [dict(tag) for tag in batch.tags],
-                "uids": list(uids),
-                "rollout_mask": rollout_mask.to(torch.int8),
-                "response_mask": data.batch["response_mask"].to(torch.int8),
-                "token_level_rewards": data.batch["token_level_rewards"].clone(),
-                "payloads": [dict(credit_payload(extra)) or None for extra in extras],
-                "estimator": settings.estimator,
-                "credit_config": asdict(step.config or settings.credit),
-                "norm_adv_by_std_in_grpo": bool(self.config.algorithm.norm_adv_by_std_in_grpo),
-                "epsilon": float(settings.credit.epsilon),
-                "trainer_advantages": step.advantages.clone(),
-            }
+        # 5: the step's record, for the dump (written in _update_actor) and the live pictures (credit.viz)
+        drawn = self.credit_viz.due(getattr(self, "global_steps", 0))
+        if settings.debug.dump_dir or drawn:
+            record = step_record(
+                keys=batch.keys,
+                tags=batch.tags,
+                uids=uids,
+                extras=extras,
+                rollout_mask=rollout_mask,
+                response_mask=data.batch["response_mask"],
+                token_level_rewards=data.batch["token_level_rewards"],
+                estimator=settings.estimator,
+                config=step.config or settings.credit,
+                norm_adv_by_std_in_grpo=bool(self.config.algorithm.norm_adv_by_std_in_grpo),
+                advantages=step.advantages,
+            )
+            if settings.debug.dump_dir:
+                self._pending_dump = record
+            if drawn:  # a copy: the dump adds the actor's side to its own dict
+                self.credit_viz.submit(int(self.global_steps), dict(record), getattr(self, "logger", None))
         return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=output)
+
+    def _measure_information_gains(
+        self, batch: KVBatchMeta, uids: list, extras: list, rollout_mask: torch.Tensor, old_log_probs: Any
+    ) -> dict[str, float]:
+        """``info_gain``: one actor pass per feedback turn with the feedback masked, called as verl's
+        ``_compute_old_log_prob`` calls ``compute_log_prob`` (``verl_credit.verl.info_gain_step``);
+        ``old_log_probs`` (``None`` in bypass mode: the rollout engine's) are the unmasked side."""
+        rollout = self.config.actor_rollout_ref.rollout
+        _, forward = self._micro_batch_sizes()
+        measured = measure_information_gains(
+            batch.keys,
+            batch.tags,
+            uids,
+            extras,
+            rollout_mask,
+            old_log_probs,
+            tq=tq,
+            partition_id=batch.partition_id,
+            worker_group=self.actor_rollout_wg,
+            tokenizer=self.tokenizer,
+            placeholder=self.credit_settings.credit.info_gain.placeholder,
+            extra_info={"calculate_entropy": False, "compute_loss": False, "temperature": rollout.temperature},
+            micro_batch_size=forward[0],
+            chat_template_kwargs=self.config.data.get("apply_chat_template_kwargs", None),
+            step_key=f"step{getattr(self, 'global_steps', 0)}",
+        )
+        attach_information_gains(batch.keys, batch.tags, uids, extras, measured)
+        return measured.metrics()
 
     # -- per_request: optimizer updates per step as in the merged layout ----------------------
 

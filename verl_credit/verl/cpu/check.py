@@ -9,7 +9,10 @@ rollout masks, token-level rewards, and each session's transcript, spans and gra
   (verl's own GRPO), broadcast over the session's rows;
 * ``iapo`` / ``call_credit``: ``routing.compute_batch_credit`` on the sessions' rewards, group ids,
   per-action token counts (summed from the spans) and graphs, then ``A_tau * w_i`` written onto
-  each span's tokens (``alpha`` fusion included), times the response mask.
+  each span's tokens (``alpha`` fusion included), times the response mask;
+* ``gigpo`` / ``turn_reward`` / ``info_gain``: the same, with the estimator's own per-action
+  advantage (anchor states from the transcripts, the environment's turn rewards, the information
+  gains the trainer measured with its masked forward passes and recorded in the payloads).
 
     python -m verl_credit.verl.cpu.check --run grpo=DIR --run iapo=DIR ... [--resumed DIR] [--json OUT]
 
@@ -34,7 +37,12 @@ import torch
 from verl_credit.anchor_states import anchor_states
 from verl_credit.call_graph import CallGraph
 from verl_credit.config import CreditConfig
-from verl_credit.estimators.needs import TURN_REWARDS_KEY, check_turn_rewards
+from verl_credit.estimators.needs import (
+    INFORMATION_GAINS_KEY,
+    TURN_REWARDS_KEY,
+    check_information_gains,
+    check_turn_rewards,
+)
 from verl_credit.estimators.registry import get_estimator
 from verl_credit.graph import validate_graph
 from verl_credit.routing import compute_batch_credit
@@ -128,6 +136,7 @@ def expected_advantages(record: Mapping[str, Any]) -> tuple[torch.Tensor, int, l
     config = CreditConfig.from_mapping(record["credit_config"])
     needs = get_estimator(config.estimator).needs
     lengths, graphs, call_graphs, states, turn_rewards, spans_of = [], [], [], [], [], []
+    information_gains: list[list[float | None] | None] = []
     for number, name in enumerate(names):
         payload = payloads[final_rows[number]] or {}
         spans = [
@@ -152,6 +161,11 @@ def expected_advantages(record: Mapping[str, Any]) -> tuple[torch.Tensor, int, l
             states.append(anchor_states(Trajectory.from_messages(list(payload["messages"])), config.gigpo.state))
         if "turn_rewards" in needs:
             turn_rewards.append(check_turn_rewards(payload.get(TURN_REWARDS_KEY), num_actions, f"session {name}"))
+        if "information_gains" in needs:
+            gains = check_information_gains(payload.get(INFORMATION_GAINS_KEY), num_actions, f"session {name}")
+            if gains is None:
+                problems.append(f"session {name}: no information_gains recorded")
+            information_gains.append(gains)
     scores = torch.stack([rewards[row].sum() for row in final_rows]).to(torch.float32)
     credit = compute_batch_credit(
         scores,
@@ -162,6 +176,7 @@ def expected_advantages(record: Mapping[str, Any]) -> tuple[torch.Tensor, int, l
         call_graphs if "call_graphs" in needs else None,
         anchor_states=states if "anchor_states" in needs else None,
         turn_rewards=turn_rewards if "turn_rewards" in needs else None,
+        information_gains=information_gains if "information_gains" in needs else None,
     )
     call_parts = get_estimator(config.estimator).call_credit_parts
     alpha = float(config.call_credit.alpha) if call_parts else 0.0
@@ -170,7 +185,7 @@ def expected_advantages(record: Mapping[str, Any]) -> tuple[torch.Tensor, int, l
     for number, spans in enumerate(spans_of):
         advantage = float(credit.trajectory_advantage[number])
         for action, start, end, row in spans:
-            if credit.additive:  # gigpo, turn_reward: the estimator's own per-action advantage
+            if credit.additive:  # gigpo, turn_reward, info_gain: the estimator's own per-action advantage
                 expected[row, start:end] = float(credit.action_advantage[number, action])
             else:
                 weight = float(credit.weight[number, action])
