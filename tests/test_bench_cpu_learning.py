@@ -167,27 +167,73 @@ def test_plot_writes_a_png_with_early_stopped_runs(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_plan_sweeps_grpo_on_unmeasured_seeds_then_interleaves_arms():
-    config = BenchConfig(out=Path("x"), seeds=3, minor_seeds=1, delayed_seeds=2, sweep_seeds=(101,))
+def test_plan_sweeps_grpo_on_unmeasured_seeds_then_runs_the_headline_comparison_first():
+    config = BenchConfig(out=Path("x"), seeds=3, minor_seeds=2, delayed_seeds=2, sweep_seeds=(101,))
     plan = plan_runs(config, lr_chosen=False)
     sweep = [p for p in plan if p.stage == "sweep"]
     assert [(p.arm, p.seed) for p in sweep] == [("grpo", 101)]
     measured = [(p.setting, p.arm, p.seed) for p in plan if p.stage == "measured"]
-    assert measured[:4] == [
+    # service grpo vs iapo on every seed, the order rotating seed by seed
+    assert measured[:6] == [
         ("service", "grpo", 1),
         ("service", "iapo", 1),
-        ("service", "call_credit", 1),
-        ("service", "gigpo", 1),
+        ("service", "iapo", 2),
+        ("service", "grpo", 2),
+        ("service", "grpo", 3),
+        ("service", "iapo", 3),
     ]
-    assert measured[4:6] == [("service", "grpo", 2), ("service", "iapo", 2)][::-1]  # the order rotates
-    assert [m for m in measured if m[0] == "delayed"] == [
+    # then the delayed-use variant, grpo vs iapo
+    assert measured[6:10] == [
         ("delayed", "grpo", 1),
         ("delayed", "iapo", 1),
         ("delayed", "iapo", 2),
         ("delayed", "grpo", 2),
     ]
+    # then the other arms on the service world
+    assert measured[10:] == [
+        ("service", "call_credit", 1),
+        ("service", "gigpo", 1),
+        ("service", "gigpo", 2),
+        ("service", "call_credit", 2),
+    ]
     assert not {p.seed for p in sweep} & {seed for _, _, seed in measured}
     assert all(p.stage == "measured" for p in plan_runs(config, lr_chosen=True))
+
+
+def test_a_run_in_the_ledger_is_not_trained_again(tmp_path, monkeypatch):
+    """A record committed to the ledger (measured on another machine) is restored, not rerun; a
+    failed record in the run folder is not copied to the ledger."""
+    import verl_credit.bench.cpu_learning_main as main_module
+
+    ledger = tmp_path / "ledger"
+    config = BenchConfig(out=tmp_path / "out", ledger=ledger, lr=1e-4)
+    record = _record("iapo", 3, [0.5, 0.9, 1.0], lr=1e-4, status="early_stop")
+    path = main_module.ledger_record_path(ledger, "service", "iapo", 3, 1e-4)
+    assert path == ledger / "service" / "iapo" / "lr0.0001" / "seed3.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(record.to_json()))
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a run in the ledger was started")
+
+    monkeypatch.setattr(main_module.subprocess, "Popen", no_training)
+    setting = main_module.SETTINGS["service"]
+    restored = main_module.run_one(config, setting, "iapo", 3, 1e-4, (tmp_path, tmp_path), tmp_path)
+    assert restored.success == record.success and restored.status == "early_stop"
+    assert (tmp_path / "out" / "runs" / "service" / "iapo" / "lr0.0001" / "seed3" / "result.json").exists()
+    assert main_module.ledger_record_path(None, "service", "iapo", 3, 1e-4) is None
+
+
+def test_quick_runs_never_write_the_ledger():
+    import argparse
+
+    from verl_credit.bench.cpu_learning_main import DEFAULT_LEDGER, add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert config_from_args(parser.parse_args(["--quick"])).ledger is None
+    assert config_from_args(parser.parse_args(["--ledger", "none", "--lr", "1e-4"])).ledger is None
+    assert config_from_args(parser.parse_args(["--lr", "1e-4"])).ledger == DEFAULT_LEDGER.resolve()
 
 
 def test_sweep_seeds_must_not_be_measured():

@@ -18,8 +18,9 @@ FSDP2 actor; every run in its own Ray session, stopped and cleaned up by ``train
    never measured, for each ``--sweep-lrs``; the learning rate with the largest mean AUC (ties:
    smaller median steps to 0.8) is used for every arm of the measured runs.
 3. **Measured runs**, interleaved seed by seed with the arm order rotating, so machine noise hits
-   the arms alike: the ``service`` setting for every ``--arms`` (``--seeds`` for grpo and iapo,
-   ``--minor-seeds`` for the others), then ``delayed`` (grpo vs iapo, ``--delayed-seeds``).
+   the arms alike, the headline first: ``service`` grpo vs iapo (``--seeds``), then ``delayed``
+   grpo vs iapo (``--delayed-seeds``), then the other ``--arms`` on ``service``
+   (``--minor-seeds``). A benchmark stopped part-way has answered the main question first.
    Only ``algorithm.adv_estimator`` differs between arms of one seed (``turn_reward`` also turns
    on the world's per-action rewards: without them it is GRPO). Seeded: vLLM sampling
    (``actor_rollout_ref.rollout.seed``), data order (``data.seed``), the actor's mini-batch order
@@ -27,10 +28,14 @@ FSDP2 actor; every run in its own Ray session, stopped and cleaned up by ``train
    concurrent requests (which sequences share a forward pass) and thread timing.
 
 Every run writes ``OUT/runs/<setting>/<arm>/lr<LR>/seed<S>/result.json`` when it ends (a rerun
-skips finished runs); a run stops early once its 5-step mean of training success has held 0.9 for
-``--hold`` steps. ``touch OUT/PAUSE`` holds the benchmark before its next run (until the file is
-removed). At the end: ``OUT/results.json``, ``OUT/curves.png``, a markdown table, and the
-last line ``real trainer: iapo/grpo steps-to-0.8 ratio: R (p = P, seeds N)``.
+skips finished runs), and a copy into the ledger (``--ledger``, by default
+``benchmarks/cpu_learning/`` in the repository: small JSON records that are committed, so a fresh
+clone or another machine resumes from the runs already measured instead of repeating hours of
+training; the dumps and logs stay under ``OUT``). A run stops early once its 5-step mean of
+training success has held 0.9 for ``--hold`` steps. ``touch OUT/PAUSE`` holds the benchmark
+before its next run (until the file is removed). At the end: ``OUT/results.json``,
+``OUT/curves.png``, a markdown table, and the last line
+``real trainer: iapo/grpo steps-to-0.8 ratio: R (p = P, seeds N)``.
 """
 
 from __future__ import annotations
@@ -72,6 +77,8 @@ REPO = Path(__file__).resolve().parents[2]
 ARMS: tuple[str, ...] = ("grpo", "iapo", "call_credit", "gigpo", "turn_reward", "info_gain")
 #: arms measured on ``--seeds`` seeds; the others on ``--minor-seeds``
 MAJOR_ARMS: tuple[str, ...] = ("grpo", "iapo")
+#: the committed records of finished runs (see the module docstring)
+DEFAULT_LEDGER = REPO / "benchmarks" / "cpu_learning"
 
 
 @dataclass(frozen=True)
@@ -119,6 +126,8 @@ class BenchConfig:
     window: int = 5
     run_timeout_s: int = 3600
     quick: bool = False
+    #: a directory of committed run records (one JSON per finished run), or None
+    ledger: Path | None = None
 
     @property
     def episodes_per_step(self) -> int:
@@ -135,20 +144,26 @@ class PlannedRun:
 
 def plan_runs(config: BenchConfig, lr_chosen: bool) -> list[PlannedRun]:
     """The runs in the order they execute: the sweep (grpo only, unmeasured seeds) unless the
-    learning rate is given, then the measured runs seed by seed, rotating the arm order."""
+    learning rate is given, then the measured runs seed by seed, rotating the arm order, in blocks
+    of decreasing weight for the answer: service grpo vs iapo, delayed grpo vs iapo, then the other
+    arms on service."""
     planned: list[PlannedRun] = []
     if not lr_chosen:
         planned += [PlannedRun("service", "grpo", seed, "sweep") for seed in config.sweep_seeds]
-    for setting in config.settings:
-        if setting == "service":
-            arms, count = list(config.arms), config.seeds
-        else:
-            arms, count = [a for a in MAJOR_ARMS if a in config.arms], config.delayed_seeds
-        for offset in range(count):
+    major = [a for a in config.arms if a in MAJOR_ARMS]
+    minor = [a for a in config.arms if a not in MAJOR_ARMS]
+    blocks: list[tuple[str, list[str], int]] = []
+    if "service" in config.settings:
+        blocks.append(("service", major, config.seeds))
+    if "delayed" in config.settings:
+        blocks.append(("delayed", major, config.delayed_seeds))
+    if "service" in config.settings:
+        blocks.append(("service", minor, config.minor_seeds))
+    for setting, arms, count in blocks:
+        for offset in range(count if arms else 0):
             seed = config.first_seed + offset
-            here = [a for a in arms if a in MAJOR_ARMS or setting != "service" or offset < config.minor_seeds]
-            shift = offset % len(here) if here else 0
-            planned += [PlannedRun(setting, arm, seed, "measured") for arm in here[shift:] + here[:shift]]
+            shift = offset % len(arms)
+            planned += [PlannedRun(setting, arm, seed, "measured") for arm in arms[shift:] + arms[:shift]]
     return planned
 
 
@@ -248,6 +263,10 @@ def run_one(
     returns its record (also written to ``result.json`` in its folder)."""
     folder = config.out / "runs" / run_name(setting.name, arm, seed, lr)
     result_path = folder / "result.json"
+    ledger_path = ledger_record_path(config.ledger, setting.name, arm, seed, lr)
+    if not result_path.exists() and ledger_path is not None and ledger_path.exists():
+        folder.mkdir(parents=True, exist_ok=True)  # measured before, maybe on another machine
+        result_path.write_text(ledger_path.read_text())
     if result_path.exists():
         previous = RunRecord.from_json(json.loads(result_path.read_text()))
         if not previous.status.startswith("failed"):
@@ -331,8 +350,17 @@ def run_one(
     if status.startswith("failed"):
         tail = (run_dir / "train.log").read_text(errors="replace")[-2000:] if (run_dir / "train.log").exists() else ""
         record.diagnostics["train_log_tail"] = tail
-    result_path.write_text(json.dumps(json_safe(record.to_json()), indent=1) + "\n")
+    text = json.dumps(json_safe(record.to_json()), indent=1) + "\n"
+    result_path.write_text(text)
+    if ledger_path is not None and not status.startswith("failed"):
+        ledger_path.parent.mkdir(parents=True, exist_ok=True)
+        ledger_path.write_text(text)
     return record
+
+
+def ledger_record_path(ledger: Path | None, setting: str, arm: str, seed: int, lr: float) -> Path | None:
+    """Where the ledger keeps the record of one run (``None``: no ledger)."""
+    return None if ledger is None else ledger / f"{run_name(setting, arm, seed, lr)}.json"
 
 
 def run_diagnostics(run_dir: Path, arm: str, venv: Path) -> dict[str, Any]:
@@ -449,6 +477,9 @@ def run_benchmark(config: BenchConfig, summarize_only: bool = False) -> dict[str
         setting = _setting(config, planned.setting)
         if summarize_only:
             path = config.out / "runs" / run_name(setting.name, planned.arm, planned.seed, lr) / "result.json"
+            ledger_path = ledger_record_path(config.ledger, setting.name, planned.arm, planned.seed, lr)
+            if not path.exists() and ledger_path is not None and ledger_path.exists():
+                path = ledger_path
             if not path.exists():
                 raise FileNotFoundError(path)
             return RunRecord.from_json(json.loads(path.read_text()))
@@ -500,7 +531,7 @@ def run_benchmark(config: BenchConfig, summarize_only: bool = False) -> dict[str
     summary = summarize_records(measured, config.window)
     comparison = compare_arms(measured, "grpo", config.window)
     results = {
-        "config": {**asdict(config), "out": str(config.out), "lr": lr},
+        "config": {**asdict(config), "out": str(config.out), "ledger": str(config.ledger), "lr": lr},
         "settings": {name: asdict(_setting(config, name)) for name in config.settings},
         "sweep": {"records": [r.to_json() for r in sweep_records], "table": sweep_rows, "chosen_lr": lr},
         "summary": summary,
@@ -562,6 +593,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--val-every", type=int, default=defaults.val_every, help="steps between validations")
     parser.add_argument("--hold", type=int, default=defaults.hold, help="steps the 5-step mean must hold 0.9")
     parser.add_argument("--run-timeout-s", type=int, default=defaults.run_timeout_s)
+    parser.add_argument(
+        "--ledger",
+        default=str(DEFAULT_LEDGER),
+        help="committed run records: finished runs are copied here and skipped on a rerun ('none': off; "
+        "--quick never writes one)",
+    )
     parser.add_argument("--quick", action="store_true", help="2 arms x 1 seed x 2 steps on tiny settings (CI)")
     parser.add_argument(
         "--summarize-only", action="store_true", help="run nothing: summarize the finished runs under --out"
@@ -592,6 +629,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         "hold": args.hold,
         "run_timeout_s": args.run_timeout_s,
         "quick": args.quick,
+        "ledger": None if args.quick or args.ledger.lower() == "none" else Path(args.ledger).resolve(),
     }
     if args.quick:
         values.update(QUICK)
