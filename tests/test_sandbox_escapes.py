@@ -48,6 +48,17 @@ NAMESPACE_ONLY = pytest.mark.skipif(
 PROJECT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.skipif(
+    os.environ.get("VERL_CREDIT_REQUIRE_NAMESPACE_JAIL") != "1",
+    reason="set VERL_CREDIT_REQUIRE_NAMESPACE_JAIL=1 (CI does) to require the namespace-jail cases",
+)
+def test_the_namespace_jail_cases_run_here_when_required():
+    """CI sets the variable: without it, a machine that lost user namespaces (or mount rights) would
+    turn every namespace-mode escape test into a skip, and the hostile suite would pass on the
+    fallback mode alone."""
+    assert namespace_jail_available(), "the namespace jail is not usable here: its escape tests would be skipped"
+
+
 @pytest.fixture
 def sandbox(request: pytest.FixtureRequest) -> Iterator[CodingSandbox]:
     mode = getattr(request, "param", "fallback")

@@ -564,3 +564,41 @@ def test_validate_runs_the_wandb_check(tmp_path):
     with pytest.raises(ValueError, match="includes wandb"):
         validate(compose_credit_config(WANDB), environ={"HOME": str(tmp_path)})
     validate(compose_credit_config(WANDB), environ={"HOME": str(tmp_path), "WANDB_MODE": "offline"})
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        (
+            ["credit.env.name=coding", "+credit.env.options.require_read_before_edit='false'"],
+            "require_read_before_edit",
+        ),
+        (["credit.env.name=coding", "+credit.env.options.reward_mode=partial"], "reward_mode"),
+        (["credit.env.name=coding", "+credit.env.options.limits.bash_timeout_s=nan"], "bash_timeout_s"),
+        (["credit.env.name=coding", "+credit.env.options.limits.bash_timout_s=5"], "bash_timout_s"),
+        (["credit.env.name=service", "+credit.env.options.turn_rewards=yes"], "turn_rewards"),
+        (["credit.env.name=service", "+credit.env.options.varient=refund"], "varient"),
+    ],
+)
+def test_validate_refuses_environment_options_before_any_worker(overrides, named, tmp_path):
+    """``credit.env.options`` reach the environment's constructor: a string where a switch belongs
+    (the yaml string "false" would read as true), an unknown key or an out-of-range limit fails at
+    start-up, naming the option, instead of in every episode."""
+    from verl_credit.verl.main import validate
+
+    with pytest.raises(ValueError, match=named) as caught:
+        validate(compose_credit_config(overrides), environ={"HOME": str(tmp_path)})
+    assert "credit.env.options" in str(caught.value)
+
+
+def test_validate_accepts_good_environment_options(tmp_path):
+    from verl_credit.verl.main import validate
+
+    good = [
+        "credit.env.name=coding",
+        "+credit.env.options.require_read_before_edit=false",
+        "+credit.env.options.jail=fallback",
+        "+credit.env.options.limits.bash_timeout_s=5",
+    ]
+    settings = validate(compose_credit_config(good), environ={"HOME": str(tmp_path)})
+    assert settings.env.options["require_read_before_edit"] is False

@@ -65,7 +65,26 @@ def validate(
     if warning:
         logger.warning("verl_credit.main: %s", warning)
     check_logger(config, environ=environ)
+    check_environment_options(settings)
     return settings
+
+
+def check_environment_options(settings: CreditSettings) -> None:
+    """Build ``credit.env.name`` with ``credit.env.options`` once, starting nothing: every
+    environment checks its own options in its constructor, and a bad one (an unknown key, a string
+    where a switch belongs) then fails here, before any worker, instead of in every episode.
+
+    Raises:
+        ValueError: naming ``credit.env.options`` and the option.
+    """
+    if not settings.env.name:
+        return
+    from verl_credit.envs.base import build_environment
+
+    try:
+        build_environment(str(settings.env.name), **dict(settings.env.options))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"credit.env.options (environment {settings.env.name!r}): {exc}") from exc
 
 
 def check_logger(config: Any, *, environ: Mapping[str, str] | None = None) -> None:

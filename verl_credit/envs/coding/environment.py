@@ -20,9 +20,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from verl_credit.envs.base import Environment, EpisodeStart, ToolResult, UserTurn, register_environment
-from verl_credit.envs.coding.jail import fallback_count
+from verl_credit.envs.coding.jail import JAIL_MODES, fallback_count
 from verl_credit.envs.coding.replay import replay_trajectory
-from verl_credit.envs.coding.sandbox import CodingSandbox, SandboxLimits
+from verl_credit.envs.coding.sandbox import REWARD_MODES, WORKSPACE_MODES, CodingSandbox, SandboxLimits
 from verl_credit.envs.coding.task_spec import CodingTask, load_task
 from verl_credit.envs.coding.tools import TOOL_SCHEMAS
 
@@ -50,9 +50,22 @@ class CodingEnvironment(Environment):
         base_dir: str | None = None,
         workspace: str = "auto",
     ) -> None:
+        # ``credit.env.options`` arrives as plain yaml values: check them here, where the trainer's
+        # start-up builds the environment once, so a typo fails before any worker starts instead of
+        # in every episode (and a string "false" never reads as true)
+        _check_choice("jail", jail, JAIL_MODES)
+        _check_choice("reward_mode", reward_mode, REWARD_MODES)
+        _check_choice("workspace", workspace, WORKSPACE_MODES)
+        if not isinstance(require_read_before_edit, bool):
+            raise ValueError(
+                f"coding environment option require_read_before_edit must be true or false, "
+                f"got {require_read_before_edit!r}"
+            )
+        if base_dir is not None and not isinstance(base_dir, str):
+            raise ValueError(f"coding environment option base_dir must be a path or null, got {base_dir!r}")
         self.options: dict[str, Any] = {
             "jail": jail,
-            "limits": limits if isinstance(limits, SandboxLimits) or limits is None else SandboxLimits(**limits),
+            "limits": _limits(limits),
             "reward_mode": reward_mode,
             "require_read_before_edit": require_read_before_edit,
             "base_dir": base_dir,
@@ -115,3 +128,21 @@ class CodingEnvironment(Environment):
         if self.sandbox is None:
             raise RuntimeError("the coding environment has no episode: call start(task) first")
         return self.sandbox
+
+
+def _check_choice(name: str, value: Any, allowed: Sequence[str]) -> None:
+    if not isinstance(value, str) or value not in allowed:
+        raise ValueError(f"coding environment option {name} must be one of {list(allowed)}, got {value!r}")
+
+
+def _limits(limits: SandboxLimits | Mapping[str, Any] | None) -> SandboxLimits | None:
+    """``limits`` as :class:`SandboxLimits` (which checks every value), unknown keys named."""
+    if limits is None or isinstance(limits, SandboxLimits):
+        return limits
+    if not isinstance(limits, Mapping):
+        raise ValueError(f"coding environment option limits must be a table of limits, got {limits!r}")
+    known = set(SandboxLimits.__dataclass_fields__)
+    unknown = sorted(str(key) for key in limits if key not in known)
+    if unknown:
+        raise ValueError(f"unknown coding environment limit(s) {unknown}; known: {sorted(known)}")
+    return SandboxLimits(**{str(key): value for key, value in limits.items()})
