@@ -189,11 +189,13 @@ def test_plan_sweeps_grpo_on_unmeasured_seeds_then_runs_the_headline_comparison_
         ("delayed", "iapo", 2),
         ("delayed", "grpo", 2),
     ]
-    # then the other arms on the service world
+    # then the other arms on the service world, InfoPO (info_gain) among them
     assert measured[10:] == [
         ("service", "call_credit", 1),
         ("service", "gigpo", 1),
+        ("service", "info_gain", 1),
         ("service", "gigpo", 2),
+        ("service", "info_gain", 2),
         ("service", "call_credit", 2),
     ]
     assert not {p.seed for p in sweep} & {seed for _, _, seed in measured}

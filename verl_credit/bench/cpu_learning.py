@@ -389,7 +389,14 @@ def format_table(summary: Mapping[str, Mapping[str, Any]], comparison: Mapping[s
 
 # -- the picture --------------------------------------------------------------------------------------
 
-COLORS = {"grpo": "#555555", "iapo": "#E69F00", "call_credit": "#CC79A7", "gigpo": "#0072B2", "turn_reward": "#009E73"}
+COLORS = {
+    "grpo": "#555555",
+    "iapo": "#E69F00",
+    "call_credit": "#CC79A7",
+    "gigpo": "#0072B2",
+    "info_gain": "#D55E00",
+    "turn_reward": "#009E73",
+}
 
 
 def plot_curves(records: Sequence[RunRecord], path: str | Path, window: int = 5) -> Path:

@@ -108,7 +108,7 @@ SETTINGS: dict[str, Setting] = {
 @dataclass(frozen=True)
 class BenchConfig:
     out: Path
-    arms: tuple[str, ...] = ("grpo", "iapo", "call_credit", "gigpo")
+    arms: tuple[str, ...] = ("grpo", "iapo", "call_credit", "gigpo", "info_gain")
     settings: tuple[str, ...] = ("service", "delayed")
     seeds: int = 10
     minor_seeds: int = 4
