@@ -7,8 +7,10 @@ measures, per source and split (development / held-out):
 
 * service agents: trajectories, actions, uncertain share, edges, error flags; on the hand-checked
   trajectories of ``scripts/generalization_labels.json``: edge precision / recall (micro, over
-  ``(src, dst, sign)``), also on the trajectories the rules mark certain; user_rejection flag
-  precision over every judged flag; median annotation milliseconds per trajectory;
+  ``(src, dst, sign)``), also on the trajectories the rules mark certain; error-flag precision /
+  recall by kind against the gold ``errors`` of those trajectories; user_rejection and tool_error
+  flag precision over every judged flag of every trajectory; median annotation milliseconds per
+  trajectory;
 * coding agents: calls, share the rules decide, roles; role accuracy on the labelled calls;
   call-graph edge precision / recall on the labelled trajectories.
 
@@ -48,14 +50,16 @@ def _ratio(a: int, b: int) -> float | None:
 
 def service_figures(source: Source, trajectories: list[Trajectory], labels: dict[str, Any]) -> dict[str, Any]:
     gold = labels["service_edges"]
-    judged = labels["user_rejection_flags"]
+    judged = {"user_rejection": labels["user_rejection_flags"], "tool_error": labels.get("tool_error_flags", {})}
     out: dict[str, Any] = {"trajectories": len(trajectories), "actions": sum(t.num_actions for t in trajectories)}
     uncertain = 0
     signs: Counter[str] = Counter()
     kinds: Counter[str] = Counter()
     counts = {"all": [0, 0, 0], "certain": [0, 0, 0]}  # tp, fp, fn
     checked = certain_checked = 0
-    flags = correct_flags = 0
+    flags: Counter[str] = Counter()
+    correct_flags: Counter[str] = Counter()
+    error_counts: dict[str, list[int]] = {}  # kind -> [tp, fp, fn] on the hand-checked trajectories
     times: list[float] = []
     for trajectory in trajectories:
         started = time.process_time()
@@ -66,14 +70,23 @@ def service_figures(source: Source, trajectories: list[Trajectory], labels: dict
         kinds.update(mark.kind for mark in graph.errors)
         for mark in graph.errors:
             key = f"{trajectory.id}#{mark.action}"
-            if mark.kind == "user_rejection" and key in judged:
-                flags += 1
-                correct_flags += bool(judged[key])
+            if key in judged.get(mark.kind, {}):
+                flags[mark.kind] += 1
+                correct_flags[mark.kind] += bool(judged[mark.kind][key])
         if trajectory.id not in gold:
             continue
         checked += 1
         predicted = {(e.src, e.dst, e.sign) for e in graph.edges}
         truth = {tuple(edge) for edge in gold[trajectory.id]["edges"]}
+        flagged = {(mark.action, mark.kind) for mark in graph.errors}
+        gold_errors = {(action, kind) for action, kind in gold[trajectory.id].get("errors", [])}
+        for kind in {k for _, k in flagged | gold_errors}:
+            mine = {e for e in flagged if e[1] == kind}
+            theirs = {e for e in gold_errors if e[1] == kind}
+            row = error_counts.setdefault(kind, [0, 0, 0])
+            row[0] += len(mine & theirs)
+            row[1] += len(mine - theirs)
+            row[2] += len(theirs - mine)
         groups = ["all"] + (["certain"] if not flag else [])
         certain_checked += not flag
         for group in groups:
@@ -86,8 +99,20 @@ def service_figures(source: Source, trajectories: list[Trajectory], labels: dict
         error_flags=dict(kinds),
         hand_checked=checked,
         hand_checked_certain=certain_checked,
-        user_rejection_flags_judged=flags,
-        user_rejection_flags_right=correct_flags,
+        user_rejection_flags_judged=flags["user_rejection"],
+        user_rejection_flags_right=correct_flags["user_rejection"],
+        tool_error_flags_judged=flags["tool_error"],
+        tool_error_flags_right=correct_flags["tool_error"],
+        error_flags_hand_checked={
+            kind: {
+                "right": tp,
+                "wrong": fp,
+                "missed": fn,
+                "precision": _ratio(tp, tp + fp),
+                "recall": _ratio(tp, tp + fn),
+            }
+            for kind, (tp, fp, fn) in sorted(error_counts.items())
+        },
         ms_median=round(statistics.median(times), 2) if times else None,
     )
     for group, (tp, fp, fn) in counts.items():

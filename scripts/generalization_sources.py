@@ -162,6 +162,19 @@ SOURCES: tuple[Source, ...] = (
         ),
         "openhands_mock",
     ),
+    Source(
+        "moatless",
+        "coding",
+        "held-out",
+        "Moatless Tools state machine (SearchCode, IdentifyCode, DecideRelevance, PlanToCode, EditCode with "
+        "<replace> blocks), Claude 3.5 Sonnet / GPT-4o on SWE-bench; recorded test trajectories",
+        "aorwall/moatless-tools",
+        "d70085d56745575c78f97ce55fbaaccdebe03c93",
+        ("tests/trajectories/",),
+        "moatless",
+        "each action's request (its scratch_pad as the text) is a tool call named by its state, the response "
+        "(output, or the retry message) its result",
+    ),
 )
 
 
@@ -341,6 +354,39 @@ def mini_swe_agent_record(data: dict[str, Any], tag: str) -> dict[str, Any]:
     return {"id": tag, "uid": tag, "reward": 0.0, "messages": messages}
 
 
+def moatless_record(data: dict[str, Any], tag: str) -> dict[str, Any] | None:
+    """A Moatless Tools trajectory (``transitions`` of a state machine) -> one record: the issue is the
+    user turn; each state's action is an assistant turn whose text is the request's ``scratch_pad``
+    and whose one tool call is named by the state, with the rest of the request as its arguments;
+    the response (its ``output``, or a ``retry_message``) is the tool result."""
+    transitions = data.get("transitions")
+    if not isinstance(transitions, list):
+        return None
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "Moatless Tools agent (search, identify, plan and edit code states)."},
+        {"role": "user", "content": _text(data.get("initial_message"))},
+    ]
+    calls = 0
+    for transition in transitions:
+        for action in transition.get("actions") or []:
+            request = dict(action.get("request") or {})
+            thought = _text(request.pop("scratch_pad", ""))
+            call_id = f"call_{calls}"
+            calls += 1
+            call = {"id": call_id, "type": "function", "function": {"name": transition.get("name"), "arguments": ""}}
+            call["function"]["arguments"] = json.dumps(request)
+            messages.append({"role": "assistant", "content": thought, "tool_calls": [call]})
+            response = action.get("response") or {}
+            result = response.get("output") if response.get("output") is not None else response.get("retry_message")
+            tool: dict[str, Any] = {"role": "tool", "tool_call_id": call_id, "content": _text(result)}
+            if response.get("trigger") == "retry":
+                tool["is_error"] = True
+            messages.append(tool)
+    if calls == 0:
+        return None
+    return {"id": tag, "uid": tag, "reward": 0.0, "messages": messages}
+
+
 _SECTION = re.compile(r"\n*-{10}\n+")
 
 
@@ -420,6 +466,8 @@ def load_source(source: Source, mirrors: Path) -> list[dict[str, Any]]:
         except (RuntimeError, json.JSONDecodeError):
             continue  # a file the snapshot lacks (4 MiB and more) or that is not JSON
         stem = Path(path).stem.replace(".traj", "")
+        if source.loader == "moatless":  # "<instance>/trajectory", "<instance>/trajectory-correction", "<name>"
+            stem = path.split("tests/trajectories/", 1)[1].removesuffix(".json")
         tag = f"{source.name}/{path.split('/')[1] if source.name == 'tau2-activegraph' else stem}"
         if source.loader == "tau2":
             records.extend(tau2_records(data, tag if spec != path else f"{source.name}/{spec}"))
@@ -429,6 +477,10 @@ def load_source(source: Source, mirrors: Path) -> list[dict[str, Any]]:
             records.append(swe_agent_record(data, tag))
         elif source.loader == "mini_swe_agent":
             records.append(mini_swe_agent_record(data, tag))
+        elif source.loader == "moatless":
+            record = moatless_record(data, tag)
+            if record is not None:
+                records.append(record)
     for record in records:
         record["source"] = source.name
         record["split"] = source.split

@@ -251,6 +251,35 @@ def test_symbol_reference_links_a_read_to_an_edit() -> None:
     assert [(e.src, e.dst, e.kind, e.unit) for e in graph.edges] == [(0, 1, "IG->AE", "symbol:parse_header_line")]
 
 
+def test_language_keywords_make_no_symbol_edge() -> None:
+    # the edit's changed lines are full of keywords (return, lambda, None, if, else); a read that
+    # names only those keywords supports nothing, a read naming the defined function does
+    messages = [
+        {"role": "user", "content": "x"},
+        assistant(tc("a", "Grep", {"pattern": "return"})),
+        tool("a", "return None if not ok else lambda: None  # return lambda None True False self"),
+        assistant(
+            tc(
+                "b",
+                "str_replace_editor",
+                {
+                    "command": "str_replace",
+                    "path": "/w/cb/hooks.py",
+                    "old_str": "def make_hook(flag):\n    return None",
+                    "new_str": "def make_hook(flag):\n    return lambda: None if flag else None",
+                },
+            )
+        ),
+        tool("b", "The file /w/cb/hooks.py has been edited."),
+    ]
+    graph = build_call_graph(Trajectory.from_messages(messages))
+    assert graph.roles == (IG, AE)
+    assert edges_of(graph) == set()
+    messages[2]["content"] = "return None  # from make_hook"
+    graph = build_call_graph(Trajectory.from_messages(messages))
+    assert [(e.src, e.dst, e.unit) for e in graph.edges] == [(0, 1, "symbol:make_hook")]
+
+
 def openhands_transcript() -> list[dict]:
     return [
         {"role": "user", "content": "bulk_create ignores the backend batch limit"},

@@ -7,7 +7,9 @@ dialogue written for this project (invented store, customers, ids and tools):
 4. a later reply restating ids the opening request gave is not their source;
 5. user_rejection only for an explicit refusal of what the preceding action did or proposed;
 6. a failed call followed by a corrected retry of the same tool gets its ``-`` edge;
-7. a tool_call id reused within a conversation pairs each result with the nearest unanswered call.
+7. a tool_call id reused within a conversation pairs each result with the nearest unanswered call;
+8. a request for input worded without a question ("I'll need your ...", "Please enter ...") elicits
+   the reply right after it, so the values the reply gives are edges, not direct inputs.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 import pytest
 
 from verl_credit.annotate.rules import annotate_rules, trace_rules
-from verl_credit.annotate.rules_dialog import is_refusal, is_rejection
+from verl_credit.annotate.rules_dialog import asks_for_input, is_refusal, is_rejection
 from verl_credit.trajectory import Trajectory
 
 SYSTEM = {"role": "system", "content": "You are the support agent of Lumen Home, an online furniture store."}
@@ -323,3 +325,50 @@ def test_parallel_calls_sharing_an_id_are_answered_in_order() -> None:
     # the identical retry of the second call (the one that failed) repeats its error
     assert pairs(trace.raw_graph, "-") == {(0, 1)}
     assert "order_id=#L8810" in units_into(trace.raw_graph, 1) or "retry" in units_into(trace.raw_graph, 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# 8. Requests for input without a question mark
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_request_worded_as_a_need_elicits_the_reply() -> None:
+    messages = [
+        SYSTEM,
+        user("I'd like to change the delivery address of an order."),
+        say("Happy to help. To get started I'll need a few details: your customer ID and the order number."),
+        user("My customer ID is mira_okafor_18 and the order is #L7702."),
+        *act("c1", "get_order_details", {"order_id": "#L7702"}, ORDER),
+    ]
+    graph = graph_of(messages)
+    assert (0, 1) in pairs(graph) and "order_id=#L7702" in units_into(graph, 1)
+    assert graph["direct_user_inputs"] == {}
+
+
+def test_a_please_enter_request_elicits_the_code_and_the_password() -> None:
+    messages = [
+        SYSTEM,
+        user("I can't get into my store account."),
+        say("I've sent a reset code to your email. Please enter the code here."),
+        user("It's 418207."),
+        say("Thanks. Please enter the new password you'd like."),
+        user("lamp-4-Lumen"),
+        *act("c1", "reset_password", {"code": "418207", "new_password": "lamp-4-Lumen"}, {"status": "ok"}),
+    ]
+    graph = graph_of(messages)
+    assert {(0, 2), (1, 2)} <= pairs(graph)
+
+
+@pytest.mark.parametrize(
+    ("text", "asks"),
+    [
+        ("To proceed I will need your order number and the email on the account.", True),
+        ("We need you to confirm the shipping address first.", True),
+        ("Please enter the verification code we sent.", True),
+        ("I need to check the order first.", False),  # the agent's own step, not a request
+        ("Your refund has been issued. Anything else I can help with?", False),
+        ("The blender is back in stock.", False),
+    ],
+)
+def test_which_statements_ask_for_input(text: str, asks: bool) -> None:
+    assert asks_for_input(text) is asks

@@ -137,6 +137,7 @@ from typing import Any
 
 from verl_credit.annotate.base import AnnotationResult, Annotator, register_annotator
 from verl_credit.annotate.rules_dialog import (
+    asks_for_input,
     error_evidence,
     is_affirmation,
     is_generic_offer,
@@ -172,7 +173,7 @@ __all__ = ["RULES_VERSION", "RuleAnnotator", "RuleTrace", "annotate_rules", "tra
 logger = logging.getLogger(__name__)
 
 #: bump when the rules change what they output (part of cache keys)
-RULES_VERSION = "rules-3"
+RULES_VERSION = "rules-4"
 
 READ_VERBS = frozenset(
     "get find list search lookup look check view read fetch query show calculate compute verify think describe "
@@ -368,7 +369,9 @@ class _Tracer:
             )
 
     def resolve_user_provenance(self) -> None:
-        """``Observation.source_action``, except that a greeting or closing elicits nothing."""
+        """``Observation.source_action``, except that a greeting or closing elicits nothing, and that
+        a request for input worded without a question ("I'll need your user ID ...", "Please enter
+        the code here.") elicits the user turn right after it (:func:`asks_for_input`)."""
         next_user = len(self.roles)
         self.next_user_message = [len(self.roles)] * (len(self.roles) + 1)
         for position in range(len(self.roles) - 1, -1, -1):
@@ -379,6 +382,12 @@ class _Tracer:
             if observation.role != "user":
                 continue
             source = observation.source_action
+            if source is None and observation.after_action > 0:
+                asking = self.actions[observation.after_action - 1]
+                if self.next_user_message[asking.message_index] == observation.message_index and asks_for_input(
+                    asking.content
+                ):
+                    source = asking.index
             if source is not None and self.generic_offer(source):
                 source = None
             self.effective_source[observation.message_index] = source

@@ -45,6 +45,7 @@ import re
 from typing import Any
 
 __all__ = [
+    "asks_for_input",
     "error_evidence",
     "is_affirmation",
     "is_generic_offer",
@@ -438,6 +439,21 @@ def is_request(text: str) -> bool:
     """A user turn that asks the agent for something (a question or a request)."""
     text = strip_control_tokens(text)
     return bool(text) and bool(_REQUESTS.search(text) or _IMPERATIVE.search(text))
+
+
+#: an agent's request for input worded without a question mark or the trajectory model's "please
+#: provide"-family verbs: "I'll need a few details: your user ID ...", "Please enter the code here."
+_INPUT_REQUEST = _Pattern(
+    r"(i|we) ?('ll|will|would|'d)? (also )?need (your|you to|a few|a valid|the following|some|more|a couple)\b|"
+    r"please (enter|type|give|input|reply with|write|spell)\b|(enter|type) (it|the code|your [a-z]+) here",
+    word_start=True,
+)
+
+
+def asks_for_input(text: str) -> bool:
+    """Assistant text that requests input from the user in words the trajectory model's question
+    test does not know (see ``Trajectory.from_messages``); its user reply is elicited."""
+    return bool(text) and bool(_INPUT_REQUEST.search(text)) and not is_generic_offer(text)
 
 
 def is_mismatch_report(text: str) -> bool:
