@@ -9,7 +9,10 @@ dialogue written for this project (invented store, customers, ids and tools):
 6. a failed call followed by a corrected retry of the same tool gets its ``-`` edge;
 7. a tool_call id reused within a conversation pairs each result with the nearest unanswered call;
 8. a request for input worded without a question ("I'll need your ...", "Please enter ...") elicits
-   the reply right after it, so the values the reply gives are edges, not direct inputs.
+   the reply right after it, so the values the reply gives are edges, not direct inputs;
+9. a low-entropy value (an enum word, a code, a date) that an unrelated record holds by coincidence
+   -- a look-up by an id nobody names, not described by the user, none of whose ids is used -- is
+   not sourced to it; a field name is not a value; when only such records hold it: U8.
 """
 
 from __future__ import annotations
@@ -372,3 +375,123 @@ def test_a_please_enter_request_elicits_the_code_and_the_password() -> None:
 )
 def test_which_statements_ask_for_input(text: str, asks: bool) -> None:
     assert asks_for_input(text) is asks
+
+
+# ---------------------------------------------------------------------------------------------
+# 9. Coincidental records
+# ---------------------------------------------------------------------------------------------
+
+CUSTOMER = {"customer_id": "mira_okafor_18", "name": "Mira Okafor", "orders": ["#L7702", "#L7815"]}
+OTHER_ORDER = {
+    "order_id": "#L7815",
+    "status": "delivered",
+    "delivery": "express",
+    "date": "2024-03-02",
+    "items": [{"name": "Floor lamp", "colour": "brass"}],
+}
+OAK_DESK = [{"product_id": "P-5520", "name": "Oak desk", "stock": 4}]
+
+
+def scan_then_order(opening: str, delivery: str = "express") -> list[dict[str, Any]]:
+    """The agent reads the customer, scans both past orders, searches the product and orders it."""
+    return [
+        SYSTEM,
+        user(opening),
+        *act("c1", "get_customer", {"customer_id": "mira_okafor_18"}, CUSTOMER),
+        *act("c2", "get_order_details", {"order_id": "#L7702"}, ORDER),
+        *act("c3", "get_order_details", {"order_id": "#L7815"}, OTHER_ORDER),
+        *act("c4", "search_products", {"query": "oak desk"}, OAK_DESK),
+        *act(
+            "c5",
+            "place_order",
+            {"customer_id": "mira_okafor_18", "product_id": "P-5520", "delivery": delivery},
+            {"order_id": "#L8001", "status": "placed"},
+        ),
+    ]
+
+
+def test_an_enum_an_unrelated_order_holds_by_coincidence_stays_the_openings() -> None:
+    messages = scan_then_order("Hi, I'm mira_okafor_18. I want the oak desk, with express delivery please.")
+    trace = trace_rules(Trajectory.from_messages(messages))
+    graph = graph_of(messages)
+    assert (2, 4) not in pairs(graph)  # order #L7815 is no one's topic: its "express" is a coincidence
+    assert "delivery=express" not in units_into(graph, 4)
+    assert graph["direct_user_inputs"]["4"] == 1  # the opening request's "express"
+    assert {(0, 4), (3, 4)} <= pairs(graph)
+    assert not trace.uncertain_reasons
+
+
+def test_a_record_the_user_names_stays_the_source() -> None:
+    messages = scan_then_order(
+        "Hi, I'm mira_okafor_18. I want the oak desk, delivered the same way as my order #L7815."
+    )
+    graph = graph_of(messages)
+    assert (2, 4) in pairs(graph) and "delivery=express" in units_into(graph, 4)
+
+
+def test_a_value_only_unrelated_records_hold_is_uncertain() -> None:
+    # "the fastest way" is no literal "express": the one holder is an order nobody talks about
+    messages = scan_then_order("Hi, I'm mira_okafor_18. I want the oak desk, shipped the fastest way you have.")
+    reasons = trace_rules(Trajectory.from_messages(messages)).uncertain_reasons
+    assert any(reason.startswith("U8 coincidental source") for reason in reasons)
+    assert annotate_rules(Trajectory.from_messages(messages))[2] is True
+
+
+def test_a_field_name_is_no_value() -> None:
+    messages = [
+        SYSTEM,
+        user("I'd like express delivery for the oak desk, product P-5520."),
+        *act(
+            "c1",
+            "get_delivery_prices",
+            {"product_id": "P-5520"},
+            {"product_id": "P-5520", "standard": 5, "express": 12},
+        ),
+        *act("c2", "place_order", {"product_id": "P-5520", "delivery": "express"}, {"status": "placed"}),
+    ]
+    graph = graph_of(messages)
+    assert (0, 1) in pairs(graph)  # the product id the price look-up returned
+    assert "delivery=express" not in units_into(graph, 1)
+    assert graph["direct_user_inputs"]["1"] == 1  # the opening request's "express"
+
+
+def test_a_field_name_does_not_tie_with_the_reply_that_gave_the_value() -> None:
+    messages = [
+        SYSTEM,
+        user("I'd like to order the oak desk, product P-5520."),
+        say("Sure. Would you like standard or express delivery?"),
+        user("Express, please."),
+        *act(
+            "c1",
+            "get_delivery_prices",
+            {"product_id": "P-5520"},
+            {"product_id": "P-5520", "standard": 5, "express": 12},
+        ),
+        *act("c2", "place_order", {"product_id": "P-5520", "delivery": "express"}, {"status": "placed"}),
+    ]
+    trace = trace_rules(Trajectory.from_messages(messages))
+    assert not [reason for reason in trace.uncertain_reasons if reason.startswith("U2")]
+    graph = graph_of(messages)
+    assert {(0, 2), (1, 2)} <= pairs(graph)
+
+
+def test_a_record_the_user_describes_stays_the_source() -> None:
+    # two of the order's values ("Leeds", "express") are the user's own description of it
+    described = {**OTHER_ORDER, "city": "Leeds"}
+    messages = [
+        SYSTEM,
+        user("Hi, I'm mira_okafor_18. Send the oak desk to Leeds by express, like my last order."),
+        *act("c1", "get_customer", {"customer_id": "mira_okafor_18"}, CUSTOMER),
+        *act("c2", "get_order_details", {"order_id": "#L7702"}, ORDER),
+        *act("c3", "get_order_details", {"order_id": "#L7815"}, described),
+        *act("c4", "search_products", {"query": "oak desk"}, OAK_DESK),
+        *act(
+            "c5",
+            "place_order",
+            {"customer_id": "mira_okafor_18", "product_id": "P-5520", "city": "Leeds", "delivery": "express"},
+            {"order_id": "#L8001", "status": "placed"},
+        ),
+    ]
+    graph = graph_of(messages)
+    assert (2, 4) in pairs(graph) and "delivery=express" in units_into(graph, 4)
+    assert not trace_rules(Trajectory.from_messages(messages)).uncertain_reasons

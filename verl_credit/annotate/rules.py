@@ -46,6 +46,17 @@ What the rules detect, in order:
      type ``input`` when a covered unit came through a user reply elicited by ``k``, else
      ``success_utilization``. The earliest :data:`MAX_SOURCE_OCCURRENCES` occurrences of a unit
      are looked at;
+   * *coincidental* -- a low-entropy value (one word or code without a digit -- ``one_way``,
+     ``economy``, ``JFK`` -- or a date) is not supplied by a tool result that holds it only as a
+     field name (``"economy": 15`` under ``available_seats``), nor by a *foreign record*: the
+     result of a look-up by an identifier argument (``reservation_id``, ``order_id``, ``id``) whose
+     values nothing else names (no user turn, no system prompt, no text of the agent's other
+     actions, no argument of another call), that supplies no identifier (``HAT271``) a call
+     later takes, and that holds fewer than two of the consumer's values the user's own words gave
+     (not counting values a record looked up by a named id -- the user's profile -- explains: a
+     record the user *described*). Such sources are dropped when the value has another supply (a
+     user turn, the agent, another tool result, the tool list); when foreign records are all that
+     hold it, the rules keep them and flag U8;
    * *direct* -- only an unelicited user turn (the opening request, or a reply to a greeting or
      closing) holds ``v``: counted once in ``u_j`` (per distinct unit of ``j``; another action
      consuming the same value counts it again in its own ``u``);
@@ -110,7 +121,10 @@ over ``success_utilization``).
 * U6 ``ambiguous failure`` -- a later call reuses an argument of a failing multi-argument call
   whose error message names none of its arguments (which value was wrong is unknown);
 * U7 ``exception`` -- the rules themselves failed on odd content; the graph is then the
-  uniform fallback (``validation.fallback = True``, the exception noted and counted).
+  uniform fallback (``validation.fallback = True``, the exception noted and counted);
+* U8 ``coincidental source`` -- a low-entropy argument value is held before its action only by
+  foreign records (rule 3, *coincidental*): the agent may have read it there, or got it from the
+  user's words in a form the rules do not match ("the 10th", "New York") -- they cannot tell.
 
 Cost: one pass builds an inverted index (atom -> messages) and every look-up goes through it, so
 annotation time is linear in the number of actions and messages (long texts every trajectory of
@@ -126,6 +140,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import functools
 import heapq
 import itertools
 import json
@@ -173,7 +188,7 @@ __all__ = ["RULES_VERSION", "RuleAnnotator", "RuleTrace", "annotate_rules", "tra
 logger = logging.getLogger(__name__)
 
 #: bump when the rules change what they output (part of cache keys)
-RULES_VERSION = "rules-4"
+RULES_VERSION = "rules-5"
 
 READ_VERBS = frozenset(
     "get find list search lookup look check view read fetch query show calculate compute verify think describe "
@@ -195,7 +210,7 @@ class RuleTrace:
     """What the rules found for one trajectory, before validation.
 
     ``raw_graph`` is the section 2.1 JSON; ``uncertain_reasons`` lists why the trajectory is
-    uncertain (empty when it is not), each reason prefixed with its criterion (``U1`` .. ``U6``).
+    uncertain (empty when it is not), each reason prefixed with its criterion (``U1`` .. ``U8``).
     """
 
     raw_graph: dict[str, Any]
@@ -211,6 +226,17 @@ class _Taint:
     action: int
     key: str
     evidence_message: int
+
+
+@dataclass
+class _Found:
+    """The candidate sources of one unit of a consumer (rule 3), before set cover."""
+
+    unit: ArgUnit
+    sources: dict[int, set[str]]
+    direct: bool
+    constant: bool
+    tool_messages: dict[int, list[int]]
 
 
 class _Tracer:
@@ -253,6 +279,10 @@ class _Tracer:
         self.offer_cache: dict[int, bool] = {}
         self.record_index: dict[str, list[tuple[int, int, frozenset[str], frozenset[str]]]] | None = None
         self.acting_index: dict[str, list[int]] | None = None
+        self.foreign_cache: dict[tuple[int, int], bool] = {}  # lookup call -> its record is foreign
+        self.content_cache: dict[int, IndexedText] = {}  # action -> its text alone (no arguments)
+        self.first_suppliers: set[tuple[int, int]] | None = None  # calls whose result first shows an identifier
+        self.values_cache: dict[int, IndexedText | None] = {}  # tool result -> its JSON values alone
 
         # call_of_result[message_index] = (action, call position) for tool results
         self.call_of_result: dict[int, tuple[int, int]] = {}
@@ -509,7 +539,11 @@ class _Tracer:
         return cached
 
     def candidates(
-        self, unit: ArgUnit, consumer: int, own_signatures: set[str] | None = None
+        self,
+        unit: ArgUnit,
+        consumer: int,
+        own_signatures: set[str] | None = None,
+        tool_messages: dict[int, list[int]] | None = None,
     ) -> tuple[dict[int, set[str]], bool, bool]:
         """``({k: kinds}, direct, constant)`` for ``unit`` consumed by action ``consumer``.
 
@@ -517,7 +551,8 @@ class _Tracer:
         a repeated call learns nothing from its twin (otherwise redundant repeats look causal). A
         user reply that only restates a value an earlier unelicited user turn (the opening request)
         already gave is not its source either: the earliest supply wins (DESIGN.md 2.1), so the
-        value stays a direct input.
+        value stays a direct input. ``tool_messages``, when given, collects the tool results through
+        which each source supplies the unit.
         """
         consumer_message = self.actions[consumer].message_index
         if own_signatures is None:
@@ -547,6 +582,8 @@ class _Tracer:
                 k = call[0]
                 echo = self.texts[self.actions[k].message_index].contains(unit)
                 sources.setdefault(k, set()).add(_ECHO if echo else _TOOL)
+                if tool_messages is not None:
+                    tool_messages.setdefault(k, []).append(m)
             elif role == "user":
                 source = self.effective_source.get(m)
                 if source is not None and source < consumer:
@@ -570,6 +607,7 @@ class _Tracer:
         pool: dict[str, dict[int, set[str]]] = {}
         labels: dict[str, str] = {}
         direct_keys: set[str] = set()
+        found: list[_Found] = []
         for unit in self.action_units[j]:
             labels[unit.key] = unit.label
             failed = self.failed_source(unit, consumer_message, self.taints)
@@ -581,7 +619,12 @@ class _Tracer:
                 self.reasons.append(
                     f"U6 ambiguous failure: action {j} reuses {unit.label!r} from failing call of action {ambiguous}"
                 )
-            sources, direct, constant = self.candidates(unit, j, own_signatures)
+            tool_messages: dict[int, list[int]] = {}
+            sources, direct, constant = self.candidates(unit, j, own_signatures, tool_messages)
+            found.append(_Found(unit, sources, direct, constant, tool_messages))
+        self.drop_coincidental_records(j, found)
+        for item in found:
+            unit, sources, direct, constant = item.unit, item.sources, item.direct, item.constant
             if (
                 proposer is not None
                 and sources
@@ -637,6 +680,154 @@ class _Tracer:
             for key in sorted(covered, key=order.__getitem__):
                 self.add_edge(chosen, j, "+", edge_type, labels[key])
             remaining -= covered
+
+    def drop_coincidental_records(self, j: int, found: list[_Found]) -> None:
+        """Rule 3's exception for coincidental records (see the module docstring, *coincidental*).
+
+        A tool result supplies a low-entropy value of ``j`` (:func:`_is_low_entropy`: an enum or
+        code word, a date) only by coincidence when it is a *foreign record*: the result of a look-up
+        by an identifier (:meth:`foreign_lookup`) that nothing else in the conversation names, and
+        that the user did not describe either (it holds fewer than two of ``j``'s values the user's
+        own words gave, not counting values a named record -- the user's profile -- explains). Such
+        a source is dropped when the value has another supply (a user turn, the agent, a tool result
+        that is no foreign record, the tool list); when foreign records are all that hold it, the
+        rules cannot tell a coincidence from a use: U8.
+        """
+        low = [item for item in found if item.tool_messages and _is_low_entropy(item.unit)]
+        if not low:
+            return
+        foreign: dict[int, bool | None] = {}  # tool message -> foreign record (None: no look-up by id)
+        key_only: set[tuple[str, int]] = set()  # (unit, tool message) holding the unit as a field name only
+        for item in low:
+            for messages in item.tool_messages.values():
+                for m in messages:
+                    if m not in foreign:
+                        foreign[m] = self.foreign_lookup(*self.call_of_result[m])
+                    if not self.holds_as_value(m, item.unit):
+                        key_only.add((item.unit.key, m))
+        if not key_only and not any(foreign.values()):
+            return
+        consumer_message = self.actions[j].message_index
+        described: dict[int, int] = {}  # foreign record -> values of j the user gave that it holds
+        for item in low:
+            holders = [m for messages in item.tool_messages.values() for m in messages]
+            if any(foreign[m] is False for m in holders):
+                continue  # a named record (the user's profile) explains the value
+            if not any(self.roles[m] == "user" for m in self.occurrences(item.unit) if m < consumer_message):
+                continue
+            for m in dict.fromkeys(holders):
+                if foreign[m]:
+                    described[m] = described.get(m, 0) + 1
+        for item in low:
+            key = item.unit.key
+            weak = [
+                k
+                for k, messages in item.tool_messages.items()
+                if item.sources[k] <= {_TOOL, _ECHO}
+                and all((key, m) in key_only or (foreign[m] and described.get(m, 0) < 2) for m in messages)
+            ]
+            if not weak:
+                continue
+            if len(weak) < len(item.sources) or item.direct or item.constant:
+                for k in weak:
+                    del item.sources[k]
+            elif any(foreign[m] and (key, m) not in key_only for k in weak for m in item.tool_messages[k]):
+                self.reasons.append(
+                    f"U8 coincidental source: action {j} argument {item.unit.label!r} is held only by records of"
+                    f" look-ups the conversation is not about (action {min(weak)})"
+                )
+
+    def foreign_lookup(self, action: int, position: int) -> bool | None:
+        """Whether a call looked up a record the conversation is not about: it has identifier
+        arguments (``reservation_id``, ``order_id``, ``id``) and none of their values appears in a user
+        turn, the system prompt, the agent's own words (other than the look-up's own message) or the
+        arguments of another call (a repeat of the same look-up does not count). ``None`` when the
+        call has no identifier argument (a search, a list: nothing to judge by)."""
+        key = (action, position)
+        if key in self.foreign_cache:
+            return self.foreign_cache[key]
+        ids = [u for u in self.call_units.get(key, []) if _ID_ARGUMENT.search(u.label.split("=", 1)[0])]
+        result: bool | None = None
+        if ids:
+            result = not self.supplies_identifier(action, position)
+            signature = self.call_signature(action, position)
+            for unit in ids:
+                if not result:
+                    break
+                for m in self.occurrences(unit):
+                    role = self.roles[m]
+                    if role in ("user", "system"):
+                        result = False
+                    elif role == "assistant":
+                        other = self.action_at[m]
+                        result = not self.names_in_action(other, unit, signature, other == action)
+                    if not result:
+                        break
+        self.foreign_cache[key] = result
+        return result
+
+    def holds_as_value(self, message_index: int, unit: ArgUnit) -> bool:
+        """Whether a tool result that contains ``unit`` holds it as a value, not only as a field name
+        (a result that is not JSON has no field names; a field is found as ``json.dumps`` writes it,
+        ``"name":``, in the value's canonical spelling -- a field spelled otherwise counts as a value)."""
+        content = self.observation_at[message_index].content
+        if content[:1] not in "{[" or not any(
+            '"' + atom + '":' in content for variant in unit.variants for atom in variant
+        ):
+            return True  # no field is named by it: the occurrence is a value (the cheap, common case)
+        values = self.result_values(message_index)
+        return values is None or values.contains(unit)
+
+    def result_values(self, message_index: int) -> IndexedText | None:
+        """The values of a JSON tool result without its field names (``None``: not JSON, so no field
+        names to leave out). A result with ``"economy": 15`` under ``available_seats`` names the
+        cabin as a field; it does not supply the value ``economy``."""
+        if message_index in self.values_cache:
+            return self.values_cache[message_index]
+        values: IndexedText | None = None
+        content = self.observation_at[message_index].content
+        if content[:1] in "{[":
+            try:
+                data = json.loads(content)
+            except (json.JSONDecodeError, ValueError, RecursionError):
+                data = None
+            if isinstance(data, dict | list):
+                leaves: list[str] = []
+                _leaf_strings(data, leaves)
+                values = IndexedText("\n".join(leaves))
+        self.values_cache[message_index] = values
+        return values
+
+    def supplies_identifier(self, action: int, position: int) -> bool:
+        """Whether a result of call ``position`` of ``action`` is the first place an identifier some
+        call takes appears (``HAT271``, ``credit_card_7``: :func:`_is_identifier_value`) -- the agent
+        went on to use that record."""
+        if self.first_suppliers is None:
+            firsts: set[tuple[int, int]] = set()
+            for units in self.action_units:
+                for unit in units:
+                    if _is_identifier_value(unit):
+                        where = self.occurrences(unit)
+                        call = self.call_of_result.get(where[0]) if where else None
+                        if call is not None and self.failing_calls.get(call) != where[0]:
+                            firsts.add(call)
+            self.first_suppliers = firsts
+        return (action, position) in self.first_suppliers
+
+    def names_in_action(self, action: int, unit: ArgUnit, signature: str, own: bool) -> bool:
+        """Whether ``action`` names ``unit`` in its text (unless ``own``: the look-up itself) or in the
+        arguments of a call other than a repeat of the look-up ``signature``."""
+        for position, _call in enumerate(self.actions[action].tool_calls):
+            if self.call_signature(action, position) == signature:
+                continue
+            if any(u.key == unit.key for u in self.call_units.get((action, position), [])):
+                return True
+        if own:
+            return False
+        text = self.content_cache.get(action)
+        if text is None:
+            text = self.content_cache[action] = IndexedText(self.actions[action].content)
+        return text.contains(unit)
 
     def find_retries(self) -> None:
         """Rule 4: a retry of a failed call -- the same call again (identical up to spelling, as the
@@ -977,6 +1168,29 @@ class _Tracer:
             )
 
 
+#: an identifier argument: ``reservation_id``, ``order_id``, ``id``, ``userId``, ``item_ids``
+_ID_ARGUMENT = re.compile(r"(?:^|[._\-])[iI][dD]s?$|[a-z]Ids?$")
+_ISO_DAY = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
+def _is_identifier_value(unit: ArgUnit) -> bool:
+    """A value that names one thing: one atom with a letter and a digit (``HAT271``, ``credit_card_7``)
+    or an e-mail address; not a date, not a plain number."""
+    key = unit.key
+    if " " in key or _ISO_DAY.fullmatch(key):
+        return False
+    return "@" in key or (any(ch.isdigit() for ch in key) and any(ch.isalpha() for ch in key))
+
+
+def _is_low_entropy(unit: ArgUnit) -> bool:
+    """A value many records share by chance: one word or code without a digit (``one_way``,
+    ``economy``, ``JFK``) or a calendar date."""
+    key = unit.key
+    if " " in key:
+        return False
+    return not any(ch.isdigit() for ch in key) or _ISO_DAY.fullmatch(key) is not None
+
+
 _REPLY_CLASS = frozenset({"user"})
 
 
@@ -1043,41 +1257,56 @@ def _records(value: Any, parent_key: str | None) -> list[tuple[int, frozenset[st
     ``ids``: the key it sits under when that key holds a digit, plus its ``*id`` fields' values.
     """
     out: list[tuple[int, frozenset[str], frozenset[str]]] = []
+    _walk_records(value, parent_key, out)
+    return out
+
+
+def _walk_records(
+    value: Any, parent_key: str | None, out: list[tuple[int, frozenset[str], frozenset[str]]]
+) -> set[str]:
+    """Append the records of ``value`` to ``out`` (children before their parent, in order); return the
+    atoms of ``value``'s keys and leaves (one pass: a nested object's atoms are its record's tokens)."""
     if isinstance(value, dict):
         tokens: set[str] = set()
         ids: set[str] = set()
         if parent_key is not None and any(ch.isdigit() for ch in parent_key):
-            ids.update(atomize(parent_key))
+            ids.update(_key_atoms(parent_key))
         for key, item in value.items():
-            tokens.update(atomize(str(key)))
+            name = str(key)
+            tokens.update(_key_atoms(name))
             if isinstance(item, dict | list):
-                for size, child_tokens, child_ids in _records(item, str(key)):
-                    out.append((size, child_tokens, child_ids))
-                tokens.update(_leaf_atoms(item))
-            else:
-                leaf = atomize(str(item)) if item is not None else []
+                tokens |= _walk_records(item, name, out)
+            elif item is not None:
+                leaf = atomize(str(item))
                 tokens.update(leaf)
-                if str(key).lower().endswith("id") and leaf:
+                if leaf and name.lower().endswith("id"):
                     ids.update(leaf)
         out.append((len(tokens), frozenset(tokens), frozenset(ids)))
-    elif isinstance(value, list):
+        return tokens
+    if isinstance(value, list):
+        atoms: set[str] = set()
         for item in value:
-            out.extend(_records(item, None))
-    return out
+            atoms |= _walk_records(item, None, out)
+        return atoms
+    return set(atomize(str(value))) if value is not None else set()
 
 
-def _leaf_atoms(value: Any) -> set[str]:
-    atoms: set[str] = set()
+@functools.lru_cache(maxsize=4096)
+def _key_atoms(key: str) -> tuple[str, ...]:
+    """``atomize`` of a JSON field name (the same few names repeat in every record of a result)."""
+    return tuple(atomize(key))
+
+
+def _leaf_strings(value: Any, out: list[str]) -> None:
+    """The leaf values of a JSON value, as text, in order (no keys)."""
     if isinstance(value, dict):
-        for key, item in value.items():
-            atoms.update(atomize(str(key)))
-            atoms.update(_leaf_atoms(item))
+        for item in value.values():
+            _leaf_strings(item, out)
     elif isinstance(value, list):
         for item in value:
-            atoms.update(_leaf_atoms(item))
+            _leaf_strings(item, out)
     elif value is not None:
-        atoms.update(atomize(str(value)))
-    return atoms
+        out.append(str(value))
 
 
 def _tool_schemas(tools: Any) -> dict[str, Any]:
