@@ -335,6 +335,21 @@ def test_drawing_and_logging_errors_are_counted_never_raised(iapo_record, tmp_pa
     assert metrics["credit/viz_render_seconds"] > 0 and metrics["credit/viz_wait_seconds"] >= 0
 
 
+def test_a_step_record_that_cannot_be_built_is_counted_and_the_next_step_still_draws(iapo_record, tmp_path):
+    """The trainer hands the viz a function that builds the step record when nothing is dumped: a
+    failure to build it (odd rollout content) costs one counted error, not the training step."""
+
+    def unbuildable() -> dict:
+        raise KeyError("response_mask")
+
+    viz = CreditViz(VizSettings(every_n_steps=1, rollouts=2), tmp_path)
+    viz.submit(1, unbuildable)  # must not raise
+    assert viz.drain(1)["credit/viz_errors"] == 1.0
+    viz.submit(2, lambda: dict(iapo_record))
+    metrics = viz.drain(2, final=True)
+    assert metrics["credit/viz_errors"] == 1.0 and viz.logged == [2]
+
+
 @pytest.mark.parametrize("backend", ["wandb", "tensorboard"])
 def test_an_earlier_steps_drawing_is_waited_for_only_where_the_tracker_needs_steps_in_order(
     iapo_record, tmp_path, backend

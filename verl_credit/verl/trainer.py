@@ -286,8 +286,9 @@ class CreditTrainerSync(PPOTrainerSync):
         )
         # 5: the step's record, for the dump (written in _update_actor) and the live pictures (credit.viz)
         drawn = self.credit_viz.due(getattr(self, "global_steps", 0))
-        if settings.debug.dump_dir or drawn:
-            record = step_record(
+
+        def build_record() -> dict[str, Any]:
+            return step_record(
                 keys=batch.keys,
                 tags=batch.tags,
                 uids=uids,
@@ -300,10 +301,17 @@ class CreditTrainerSync(PPOTrainerSync):
                 norm_adv_by_std_in_grpo=bool(self.config.algorithm.norm_adv_by_std_in_grpo),
                 advantages=step.advantages,
             )
-            if settings.debug.dump_dir:
-                self._pending_dump = record
-            if drawn:  # a copy: the dump adds the actor's side to its own dict
-                self.credit_viz.submit(int(self.global_steps), dict(record), getattr(self, "logger", None))
+
+        dumped = build_record() if settings.debug.dump_dir else None
+        if dumped is not None:
+            self._pending_dump = dumped
+        if drawn:  # the pictures get a copy (the dump adds the actor's side to its own dict); the viz
+            # builds the record itself when nothing is dumped, so a failure there is counted, not raised
+            self.credit_viz.submit(
+                int(self.global_steps),
+                build_record if dumped is None else (lambda: dict(dumped)),
+                getattr(self, "logger", None),
+            )
         return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=output)
 
     def _measure_information_gains(

@@ -300,12 +300,17 @@ class CreditViz:
         every = self.settings.every_n_steps
         return every > 0 and int(step) > 0 and int(step) % every == 0
 
-    def submit(self, step: int, record: Mapping[str, Any], tracking: Any = None) -> None:
+    def submit(
+        self, step: int, record: Mapping[str, Any] | Callable[[], Mapping[str, Any]], tracking: Any = None
+    ) -> None:
         """Hand one step record to the worker thread, which draws it and prepares it for the
         image-capable backends of ``tracking`` (verl's ``Tracking``; ``None``: files only).
-        Returns at once; never raises."""
+        ``record`` may be a function that builds it: it is called here, on the trainer's thread,
+        and a failure to build it is counted like a failure to draw. Returns at once; never raises."""
         started = time.perf_counter()
         try:
+            if callable(record):
+                record = record()
             sinks = self._tracker_sinks(tracking)
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="credit-viz")
