@@ -24,7 +24,8 @@
 #                       on 80 GB GPUs: what the FSDP actor's shard that stays on each GPU during the rollout
 #                       leaves (8B: ~14 GB on one node, ~7 GB on two), the rest to the KV cache (docs/cluster.md
 #                       has the arithmetic)                                   [0.7 on one node | 0.8 on more]
-#   TRAIN_BATCH_SIZE    tasks per step; PPO_MINI_BATCH_SIZE tasks per update                  [32 / 16]
+#   TRAIN_BATCH_SIZE    tasks per step; PPO_MINI_BATCH_SIZE tasks per update, at most TRAIN_BATCH_SIZE
+#                       (verl refuses a larger one, but only once the workers start)          [32 / 16]
 #   LR, TOTAL_EPOCHS, SAVE_FREQ, TEST_FREQ                                                    [1e-6, 15, 20, 10]
 #   MAX_CKPT_TO_KEEP    checkpoints kept (trainer.max_actor_ckpt_to_keep / max_critic_ckpt_to_keep; an 8B
 #                       actor checkpoint with optimizer state is ~100 GB); 0 keeps all        [2]
@@ -38,6 +39,10 @@
 #                       the annotator's                                       [http://127.0.0.1:8100/v1 / Qwen/Qwen3-32B]
 #                       (127.0.0.1 URLs work on one node only: with NNODES > 1 the trainer refuses a loopback
 #                       URL and probes every endpoint from every node before any worker starts)
+#   USER_TIMEOUT / USER_MAX_RETRIES  the simulated user's client: seconds per request and retries of a failed
+#                       one; a hung user fails its session after USER_TIMEOUT x (USER_MAX_RETRIES + 1) s plus the
+#                       waits between tries, which must stay below credit.session.deadline (900 s) for a dead user to
+#                       be reported as one (tau2's own client: 300 s x 5 attempts)                    [120 / 2]
 #   PROJECT_NAME, EXPERIMENT_NAME  verl's names of the run                                    [see below]
 #   CKPT_DIR            checkpoints (trainer.default_local_dir) [~/ckpt/$PROJECT_NAME/$EXPERIMENT_NAME]; with
 #                       NNODES > 1 it must be set, to a folder every node mounts (every node writes its shards
@@ -79,6 +84,8 @@ ANNOTATOR_BASE_URL=${ANNOTATOR_BASE_URL:-http://127.0.0.1:8000/v1}
 ANNOTATOR_MODEL=${ANNOTATOR_MODEL:-Qwen/Qwen3-32B}
 USER_BASE_URL=${USER_BASE_URL:-http://127.0.0.1:8100/v1}
 USER_MODEL=${USER_MODEL:-Qwen/Qwen3-32B}
+USER_TIMEOUT=${USER_TIMEOUT:-120}
+USER_MAX_RETRIES=${USER_MAX_RETRIES:-2}
 VAL_FILES=${VAL_FILES:-$DATA_DIR/val.parquet}
 MAX_CKPT_TO_KEEP=${MAX_CKPT_TO_KEEP:-2}
 DYNAMIC_SAMPLING=${DYNAMIC_SAMPLING:-0}
@@ -93,10 +100,16 @@ case "$ENDPOINT_USE_PROXY" in 0 | 1) ;; *) echo "ENDPOINT_USE_PROXY must be 0 or
 case "$SEED" in '' | *[!0-9]*) echo "SEED must be a non-negative integer, got '$SEED'" >&2 && exit 2 ;; esac
 case "$DYNAMIC_SAMPLING" in 0 | 1) ;; *) echo "DYNAMIC_SAMPLING must be 0 or 1, got '$DYNAMIC_SAMPLING'" >&2 && exit 2 ;; esac
 case "$MAX_CKPT_TO_KEEP" in '' | *[!0-9]*) echo "MAX_CKPT_TO_KEEP must be a non-negative integer, got '$MAX_CKPT_TO_KEEP'" >&2 && exit 2 ;; esac
+case "$USER_MAX_RETRIES" in '' | *[!0-9]*) echo "USER_MAX_RETRIES must be a non-negative integer, got '$USER_MAX_RETRIES'" >&2 && exit 2 ;; esac
 for knob in NNODES GPUS_PER_NODE ROLLOUT_N MAX_TURNS MAX_PROMPT_LENGTH MAX_RESPONSE_LENGTH TRAIN_BATCH_SIZE \
-    PPO_MINI_BATCH_SIZE TOTAL_EPOCHS MAX_PARALLEL_CALLS; do
+    PPO_MINI_BATCH_SIZE TOTAL_EPOCHS MAX_PARALLEL_CALLS USER_TIMEOUT; do
     case "${!knob}" in '' | *[!0-9]* | 0) echo "$knob must be a positive integer, got '${!knob}'" >&2 && exit 2 ;; esac
 done
+if ((PPO_MINI_BATCH_SIZE > TRAIN_BATCH_SIZE)); then
+    echo "PPO_MINI_BATCH_SIZE=$PPO_MINI_BATCH_SIZE is more than TRAIN_BATCH_SIZE=$TRAIN_BATCH_SIZE (tasks per update" \
+        "and per step): set PPO_MINI_BATCH_SIZE too, e.g. to half of TRAIN_BATCH_SIZE" >&2
+    exit 2
+fi
 
 # "a,b" -> ["a","b"] (a Hydra list of quoted strings: URLs contain ':' and '/')
 hydra_list() {
@@ -210,6 +223,8 @@ tau2_sections() {
         credit.env.name=tau2
         "+credit.env.options.user.base_urls=$(hydra_list "$USER_BASE_URL")"
         "+credit.env.options.user.model=$USER_MODEL"
+        +credit.env.options.user.timeout_s="$USER_TIMEOUT"
+        +credit.env.options.user.max_retries="$USER_MAX_RETRIES"
         credit.user.name=env
         credit.user.max_turns="$MAX_TURNS"
     )

@@ -198,6 +198,21 @@ def assert_paper_setup(cfg: Any) -> None:
     assert rollout.gpu_memory_utilization == 0.7  # sized for 512 live sessions (docs/cluster.md)
 
 
+#: the longest one step may wait on a hung server (the user client's own 300 s x 5 attempts stalled it ~25 min)
+HUNG_SERVER_STALL_S = 15 * 60
+
+
+def user_client_worst_case_s(user_config: Any) -> float:
+    """Seconds a hung tau2 user simulator keeps a session waiting before its client gives up: every
+    attempt times out, and every wait between two is the longest the client honours (the retry
+    policy ``OpenAIUserSimulator`` builds from the config)."""
+    from verl_credit.openai_chat import RetryPolicy
+
+    policy = RetryPolicy(max_retries=user_config.max_retries)
+    waits = sum(max(policy.delay(k), policy.retry_after_max_s) for k in range(1, policy.max_retries + 1))
+    return (policy.max_retries + 1) * user_config.timeout_s + waits
+
+
 @pytest.mark.timeout(600)
 def test_tau2_recipes_compose_to_the_paper_setup(tmp_path_factory: pytest.TempPathFactory, shim: Path) -> None:
     from verl_credit.config import GiGPOConfig, InfoGainConfig
@@ -216,6 +231,8 @@ def test_tau2_recipes_compose_to_the_paper_setup(tmp_path_factory: pytest.TempPa
         assert cfg.actor_rollout_ref.rollout.tensor_model_parallel_size == (2 if "8B" in model else 1)
         assert settings.annotator.name == annotator
         env = Tau2Environment(**settings.env.options)  # the options the agent loop passes build the env
+        # a hung user fails its session (as a user failure) before the session's deadline cuts it
+        assert user_client_worst_case_s(env.user_config) < settings.session.deadline, recipe
         if recipe == "ablations/annotator_swap.sh":
             assert settings.annotator.model == "google/gemma-4-31b-it"
             assert settings.annotator.base_urls == ("http://annot:8001/v1",)
@@ -249,6 +266,33 @@ def test_tau2_recipes_compose_to_the_paper_setup(tmp_path_factory: pytest.TempPa
         assert seeds == {42}, recipe  # SEED's default (verl's own)
 
 
+def test_the_session_deadline_bounds_a_hung_user(tmp_path: Path, shim: Path) -> None:
+    """A hung user simulator or rollout server stalls a step at most HUNG_SERVER_STALL_S: the session
+    deadline (the settings' one default, which the recipes keep) is no longer, and the recipes' user
+    client gives up (all attempts timed out, the longest waits between them) before that deadline, so
+    the session is reported as a user failure. The deadline still leaves 30 s per round (a policy turn
+    and a user reply) of a session of MAX_TURNS rounds. USER_TIMEOUT / USER_MAX_RETRIES set the client."""
+    from verl_credit.envs.tau2 import Tau2Environment
+    from verl_credit.envs.tau2.user_sim import UserSimConfig
+    from verl_credit.verl.main import validate
+    from verl_credit.verl.settings import SessionSettings
+
+    cfg, _ = dry_run_config("iapo/qwen3_8b_tau2.sh", tmp_path, shim)
+    settings = validate(cfg)
+    deadline = settings.session.deadline
+    assert deadline is not None and deadline == SessionSettings().deadline
+    user = Tau2Environment(**settings.env.options).user_config
+    assert (user.timeout_s, user.max_retries) == (120.0, 2)
+    assert user_client_worst_case_s(user) < deadline <= HUNG_SERVER_STALL_S
+    assert deadline / cfg.actor_rollout_ref.rollout.multi_turn.max_assistant_turns >= 30
+    # without the recipes (the client's own defaults) the deadline fires first: still bounded
+    assert min(user_client_worst_case_s(UserSimConfig()), deadline) <= HUNG_SERVER_STALL_S
+    (tmp_path / "args.jsonl").unlink()
+    cfg, _ = dry_run_config("grpo/qwen3_8b_tau2.sh", tmp_path, shim, USER_TIMEOUT="30", USER_MAX_RETRIES="0")
+    user = Tau2Environment(**validate(cfg).env.options).user_config
+    assert (user.timeout_s, user.max_retries) == (30.0, 0)
+
+
 def test_seed_reaches_every_seeded_part(tmp_path: Path, shim: Path) -> None:
     cfg, _ = dry_run_config("grpo/qwen3_4b_tau2.sh", tmp_path, shim, SEED="7")
     assert cfg.data.seed == 7 and cfg.actor_rollout_ref.rollout.seed == 7
@@ -269,6 +313,7 @@ def test_paper_run_all_composes_every_run(tmp_path: Path, shim: Path) -> None:
         "ANNOTATOR_BASE_URL": "http://annot:8001/v1",
         "USER_BASE_URL": "http://user:8101/v1",
         "EVAL_USER_BASE_URL": "http://heldout:8002/v1",
+        "EVAL_USER_MODEL": "held/out-user",
     }
     result = run_recipe("paper/run_all.sh", tmp_path, str(shim), DRY_RUN="1", **env)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -307,6 +352,8 @@ def test_paper_run_all_composes_every_run(tmp_path: Path, shim: Path) -> None:
     for argv in evaluations:
         flags = dict(zip(argv[::2], argv[1::2], strict=False))
         assert argv[argv.index("--user-base-url") + 1] == "http://heldout:8002/v1"
+        assert argv[argv.index("--user-model") + 1] == "held/out-user"
+        assert argv[argv.index("--training-user-model") + 1] == "Qwen/Qwen3-32B"
         assert argv[argv.index("--training-user-base-url") + 1] == "http://user:8101/v1"  # the training user
         assert "--same-user" not in argv and "--dry-run" in argv
         assert "global_step_LAST" not in flags.get("--policy-model", "")
@@ -315,6 +362,27 @@ def test_paper_run_all_composes_every_run(tmp_path: Path, shim: Path) -> None:
     listed = run_recipe("paper/run_all.sh", tmp_path, str(shim), LIST="1", ONLY="table1/qwen3_4b/info_gain")
     assert listed.returncode == 0 and listed.stdout.count("run table1/qwen3_4b/info_gain/seed") == 3
     assert "estimated 396 GPU-hours" in listed.stdout
+
+
+def test_paper_run_all_needs_a_held_out_user_before_it_trains(tmp_path: Path, shim: Path) -> None:
+    """A real run without EVAL_USER_MODEL, or with the training user's model, is refused before any
+    training starts (it would end, days later, in an evaluation the eval recipe refuses); a dry run
+    without it plans with a named placeholder; LIST=1 needs none."""
+    only = {"ONLY": "table1/qwen3_4b/grpo/seed1", "BFCL": "0"}
+    for env, message in (
+        ({}, "set EVAL_USER_MODEL to the held-out evaluation user's model"),
+        ({"EVAL_USER_MODEL": "Qwen/Qwen3-32B"}, "is the training user's model (TRAIN_USER_MODEL)"),
+    ):
+        result = run_recipe("paper/run_all.sh", tmp_path, str(shim), **only, **env)
+        assert result.returncode == 2 and message in result.stderr, result.stderr[-2000:]
+        assert recorded_args(tmp_path) == []  # nothing trained
+    result = run_recipe("paper/run_all.sh", tmp_path, str(shim), DRY_RUN="1", **only)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "EVAL_USER_MODEL is not set: the evaluation plans name a placeholder" in result.stderr
+    (evaluation,) = [argv for argv in recorded_args(tmp_path) if argv[:2] == ["-m", "verl_credit.envs.tau2.evaluate"]]
+    assert evaluation[evaluation.index("--user-model") + 1] == "<held-out user: set EVAL_USER_MODEL>"
+    listed = run_recipe("paper/run_all.sh", tmp_path, str(shim), LIST="1", **only)
+    assert listed.returncode == 0 and "run table1/qwen3_4b/grpo/seed1" in listed.stdout
 
 
 def test_annotator_swap_takes_any_model_name(tmp_path: Path, shim: Path) -> None:
@@ -434,6 +502,10 @@ def test_real_dry_run_prints_the_same_config_and_stops_before_ray(tmp_path: Path
         ({"DRY_RUN": "1", "ENDPOINT_USE_PROXY": "yes"}, "ENDPOINT_USE_PROXY must be 0 or 1"),
         ({"DRY_RUN": "1", "DYNAMIC_SAMPLING": "on"}, "DYNAMIC_SAMPLING must be 0 or 1"),
         ({"DRY_RUN": "1", "MAX_CKPT_TO_KEEP": "-1"}, "MAX_CKPT_TO_KEEP must be a non-negative integer"),
+        ({"DRY_RUN": "1", "USER_TIMEOUT": "0"}, "USER_TIMEOUT must be a positive integer"),
+        ({"DRY_RUN": "1", "USER_MAX_RETRIES": "-1"}, "USER_MAX_RETRIES must be a non-negative integer"),
+        # verl would refuse it only once its workers start
+        ({"DRY_RUN": "1", "TRAIN_BATCH_SIZE": "8"}, "PPO_MINI_BATCH_SIZE=16 is more than TRAIN_BATCH_SIZE=8"),
     ],
 )
 def test_bad_knobs_are_rejected(tmp_path: Path, shim: Path, env: dict[str, str], message: str) -> None:
@@ -557,7 +629,8 @@ def test_eval_recipe_dry_run_plans_the_test_split_with_4_trials(tmp_path: Path) 
     ckpt = tmp_path / "ckpt" / "global_step_7" / "actor"
     ckpt.mkdir(parents=True)
     (ckpt / "model_world_size_8_rank_0.pt").write_bytes(b"")
-    result = run_recipe("eval/tau2_eval.sh", tmp_path, sys.executable, DRY_RUN="1", CKPT=str(ckpt))
+    held_out = {"USER_MODEL": "held/out-user"}
+    result = run_recipe("eval/tau2_eval.sh", tmp_path, sys.executable, DRY_RUN="1", CKPT=str(ckpt), **held_out)
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.strip().splitlines()
     out_dir = tmp_path / "eval" / "tau2" / "global_step_7_actor"
@@ -569,17 +642,17 @@ def test_eval_recipe_dry_run_plans_the_test_split_with_4_trials(tmp_path: Path) 
     plan = json.loads(lines[-1])
     assert plan["tasks_per_domain"] == {"airline": 20, "retail": 40, "telecom": 40}
     assert plan["trials"] == 4 and plan["episodes"] == 400 and plan["max_turns"] == 30
-    assert plan["policy"]["temperature"] == 0.0 and plan["user"]["model"] == "Qwen/Qwen3-32B"
+    assert plan["policy"]["temperature"] == 0.0 and plan["user"]["model"] == "held/out-user"
     assert plan["max_parallel_calls"] == 16  # as the training recipes (verl's default 1 drops parallel calls)
     assert not out_dir.exists()  # a dry run writes nothing
     result = run_recipe(
-        "eval/tau2_eval.sh", tmp_path, sys.executable, DRY_RUN="1", CKPT=str(ckpt), MAX_PARALLEL_CALLS="3"
+        "eval/tau2_eval.sh", tmp_path, sys.executable, DRY_RUN="1", CKPT=str(ckpt), MAX_PARALLEL_CALLS="3", **held_out
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.loads(result.stdout.strip().splitlines()[-1])["max_parallel_calls"] == 3
     assert "--trust-env" not in result.stderr  # set -x trace: proxies are ignored unless ENDPOINT_USE_PROXY=1
     result = run_recipe(
-        "eval/tau2_eval.sh", tmp_path, sys.executable, DRY_RUN="1", CKPT=str(ckpt), ENDPOINT_USE_PROXY="1"
+        "eval/tau2_eval.sh", tmp_path, sys.executable, DRY_RUN="1", CKPT=str(ckpt), ENDPOINT_USE_PROXY="1", **held_out
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "--trust-env" in result.stderr
@@ -587,16 +660,27 @@ def test_eval_recipe_dry_run_plans_the_test_split_with_4_trials(tmp_path: Path) 
 
 @pytest.mark.timeout(300)
 def test_eval_recipe_refuses_the_training_user_unless_same_user(tmp_path: Path) -> None:
-    """The default evaluation user (port 8002) is not the training recipes' (port 8100): the plan
-    records both. The training user's URL, however spelled, is refused; SAME_USER=1 allows it."""
-    result = run_recipe("eval/tau2_eval.sh", tmp_path, sys.executable, DRY_RUN="1", CKPT="Qwen/Qwen3-8B")
+    """The evaluation user's model has no default: unset, or the training user's model however
+    spelled, it is refused (DRY_RUN too) unless SAME_USER=1; the default evaluation URL (port 8002) is
+    not the training recipes' (port 8100) and the plan records both users. The training user's URL,
+    however spelled, is refused; SAME_USER=1 allows it."""
+    plan_only = {"DRY_RUN": "1", "CKPT": "Qwen/Qwen3-8B"}
+    result = run_recipe("eval/tau2_eval.sh", tmp_path, sys.executable, **plan_only)
+    assert result.returncode == 2 and "set USER_MODEL to the held-out evaluation user's model" in result.stderr
+    assert "would run" not in result.stdout  # refused before anything is planned
+    result = run_recipe("eval/tau2_eval.sh", tmp_path, sys.executable, **plan_only, USER_MODEL="qwen/QWEN3-32b")
+    assert result.returncode == 2 and "is the training user's model (TRAIN_USER_MODEL)" in result.stderr
+    result = run_recipe("eval/tau2_eval.sh", tmp_path, sys.executable, **plan_only, USER_MODEL="held/out-user")
     assert result.returncode == 0, result.stderr[-2000:]
     plan = json.loads(result.stdout.strip().splitlines()[-1])
-    assert plan["user"] == {"base_urls": ["http://127.0.0.1:8002/v1"], "model": "Qwen/Qwen3-32B"}
+    assert plan["user"] == {"base_urls": ["http://127.0.0.1:8002/v1"], "model": "held/out-user"}
     assert plan["training_user"] == {"base_urls": ["http://127.0.0.1:8100/v1"], "model": "Qwen/Qwen3-32B"}
-    assert plan["same_user"] is False
-    assert "serves the training user's model" in result.stderr  # the same model behind another URL: a warning
-    same = {"DRY_RUN": "1", "CKPT": "Qwen/Qwen3-8B", "USER_BASE_URL": "http://LOCALHOST:8100/v1/"}
+    assert plan["same_user"] is False and "serves the training user's model" not in result.stderr
+    # on purpose: the training user's model (SAME_USER=1 makes it the default) behind another URL
+    result = run_recipe("eval/tau2_eval.sh", tmp_path, sys.executable, **plan_only, SAME_USER="1")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1])["user"]["model"] == "Qwen/Qwen3-32B"
+    same = {**plan_only, "USER_BASE_URL": "http://LOCALHOST:8100/v1/", "USER_MODEL": "held/out-user"}
     result = run_recipe("eval/tau2_eval.sh", tmp_path, sys.executable, **same)
     assert result.returncode == 2 and "is the training user" in result.stderr and "--same-user" in result.stderr
     result = run_recipe("eval/tau2_eval.sh", tmp_path, sys.executable, **same, SAME_USER="1")
@@ -996,3 +1080,70 @@ def test_cluster_doc_is_linked_and_matches_the_code() -> None:
     assert not missing, missing
     for section in ("two-node layout", "one-node layout", "ray start", "Shared storage", "first 10 steps", "Resuming"):
         assert section.lower() in doc.lower(), section
+
+
+def _shell_lines(markdown: str) -> list[str]:
+    """The command lines of a markdown text's ```bash blocks, continuation lines joined, comments dropped."""
+    lines: list[str] = []
+    for block in re.findall(r"```bash\n(.*?)```", markdown, flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            body = line.split("  #")[0].strip()
+            if body and not body.startswith("#"):
+                lines.append(body)
+    return lines
+
+
+def _env_and_args(line: str, script: str) -> tuple[dict[str, str], list[str]]:
+    words = shlex.split(line)
+    start = words.index("bash")
+    return dict(word.split("=", 1) for word in words[:start]), words[words.index(script) + 1 :]
+
+
+def test_cluster_doc_commands_compose_and_quote_the_defaults(tmp_path: Path, shim: Path) -> None:
+    """Every recipe command of docs/cluster.md composes (placeholder values ``...`` left out) into a
+    config verl accepts: PPO_MINI_BATCH_SIZE (the recipes' 16 unless given) at most TRAIN_BATCH_SIZE;
+    the session deadline the doc and the recipes' header quote is the settings' default."""
+    from verl_credit.verl.main import validate
+    from verl_credit.verl.settings import SessionSettings
+
+    doc = (ROOT / "docs" / "cluster.md").read_text()
+    default = SessionSettings().deadline
+    assert re.findall(r"`credit\.session\.deadline`, (\d+) s by default", doc) == [f"{default:g}"]
+    assert f"credit.session.deadline ({default:g} s)" in (RECIPES / "common.sh").read_text()
+    commands = [line for line in _shell_lines(doc) if re.search(r"bash recipes/\S+\.sh", line)]
+    assert len(commands) >= 3
+    for number, line in enumerate(commands):
+        recipe = re.search(r"bash recipes/(\S+\.sh)", line).group(1)
+        env, _ = _env_and_args(line, f"recipes/{recipe}")
+        env = {key: value for key, value in env.items() if value != "..."}
+        folder = tmp_path / str(number)
+        folder.mkdir()
+        cfg, _ = dry_run_config(recipe, folder, shim, **env)
+        validate(cfg)
+        assert cfg.data.train_batch_size >= cfg.actor_rollout_ref.actor.ppo_mini_batch_size, line
+        if "TRAIN_BATCH_SIZE" in env:
+            assert cfg.data.train_batch_size == int(env["TRAIN_BATCH_SIZE"])
+
+
+@pytest.mark.parametrize("path", ["README.md", "docs/cluster.md"])
+def test_documented_servers_get_gpus_of_their_own(path: str) -> None:
+    """The scripts/serve_annotator.sh lines of the README's GPU quickstart and of docs/cluster.md's
+    layouts, dry-run per layout (a ```bash block): every replica is given its GPUs
+    (CUDA_VISIBLE_DEVICES set), and no GPU goes to two servers."""
+    text = (ROOT / path).read_text()
+    if path == "README.md":
+        text = text.split("## Reproducing the IAPO paper on tau2-bench (GPU)")[1].split("\n## ")[0]
+    blocks = [block for block in re.findall(r"```bash\n.*?```", text, flags=re.S) if "serve_annotator.sh" in block]
+    assert blocks
+    for block in blocks:
+        lines = [line for line in _shell_lines(block) if "bash scripts/serve_annotator.sh" in line]
+        devices: list[str | None] = []
+        for line in lines:
+            env, args = _env_and_args(line, "scripts/serve_annotator.sh")
+            for words in serve_dry_run(env, args):
+                # the script sets each replica's devices, or (one replica, no GPUS) keeps the caller's
+                given = words[0] if words[0].startswith("CUDA_VISIBLE_DEVICES=") else None
+                devices.append(given.split("=", 1)[1] if given else env.get("CUDA_VISIBLE_DEVICES"))
+        assert len(devices) >= 2 and None not in devices, (path, lines)
+        gpus = [gpu for found in devices for gpu in str(found).split(",")]
+        assert len(gpus) == len(set(gpus)), (path, gpus)

@@ -15,15 +15,18 @@
 # MODEL=<hf id> PORT=8002 bash scripts/serve_annotator.sh --enable-auto-tool-choice --tool-call-parser hermes):
 # a policy trained against one user model learns its habits, so scoring it against the same user flatters it.
 # The training user (TRAIN_USER_BASE_URL / TRAIN_USER_MODEL, the training recipes' USER_BASE_URL / USER_MODEL) is
-# refused as the evaluation user unless SAME_USER=1; both are recorded in every result line and the metrics JSON.
+# refused as the evaluation user unless SAME_USER=1: USER_MODEL has no default and must name another model than
+# TRAIN_USER_MODEL, and USER_BASE_URL another server; both users are recorded in every result line and the
+# metrics JSON.
 #
 #   CKPT=~/ckpt/verl_credit_tau2/iapo_qwen3_8b_tau2/global_step_150/actor USER_BASE_URL=http://<server>:8002/v1 \
 #       USER_MODEL=<held-out user> bash recipes/eval/tau2_eval.sh [extra evaluate.py flags, e.g. --save-messages]
-#   DRY_RUN=1 CKPT=Qwen/Qwen3-8B bash recipes/eval/tau2_eval.sh      # print the plan, no GPU, no request
+#   DRY_RUN=1 CKPT=Qwen/Qwen3-8B USER_MODEL=<held-out user> bash recipes/eval/tau2_eval.sh   # the plan, no GPU
 # Knobs: CKPT, OUT_DIR, TRIALS [4], MAX_TURNS [30], SPLIT [test], DOMAINS, TEMPERATURE [0.0: tau2's default],
 # POLICY_TP [1], POLICY_GPUS [0], POLICY_PORT [8200], POLICY_BASE_URL, USER_BASE_URL [http://127.0.0.1:8002/v1],
-# USER_MODEL [Qwen/Qwen3-32B], TRAIN_USER_BASE_URL [http://127.0.0.1:8100/v1, the training recipes' default], TRAIN_USER_MODEL [Qwen/Qwen3-32B],
-# SAME_USER [0: refuse the training user's URL as the evaluation user; 1: allow it],
+# USER_MODEL [none: required, the held-out user's model; with SAME_USER=1, TRAIN_USER_MODEL],
+# TRAIN_USER_BASE_URL [http://127.0.0.1:8100/v1, the training recipes' default], TRAIN_USER_MODEL [Qwen/Qwen3-32B],
+# SAME_USER [0: refuse the training user's URL or model as the evaluation user's; 1: allow them],
 # POLICY_MODEL_NAME [policy] (with POLICY_BASE_URL), CONCURRENCY [32], MAX_MODEL_LEN [32768], PYTHON [python3], DRY_RUN [0],
 # MAX_PARALLEL_CALLS [16: tool calls executed per assistant turn, as the training recipes' verl
 # multi_turn.max_parallel_calls], ENDPOINT_USE_PROXY [0: the recipe's curl checks and the runner's HTTP clients go
@@ -46,7 +49,7 @@ POLICY_GPUS=${POLICY_GPUS:-0}
 POLICY_PORT=${POLICY_PORT:-8200}
 MAX_MODEL_LEN=${MAX_MODEL_LEN:-32768}
 USER_BASE_URL=${USER_BASE_URL:-http://127.0.0.1:8002/v1}
-USER_MODEL=${USER_MODEL:-Qwen/Qwen3-32B}
+USER_MODEL=${USER_MODEL:-}
 TRAIN_USER_BASE_URL=${TRAIN_USER_BASE_URL:-http://127.0.0.1:8100/v1}
 TRAIN_USER_MODEL=${TRAIN_USER_MODEL:-Qwen/Qwen3-32B}
 SAME_USER=${SAME_USER:-0}
@@ -63,6 +66,18 @@ fi
 for knob in TRIALS MAX_TURNS CONCURRENCY POLICY_TP MAX_PARALLEL_CALLS; do
     case "${!knob}" in '' | *[!0-9]* | 0) echo "$knob must be a positive integer, got '${!knob}'" >&2 && exit 2 ;; esac
 done
+# A held-out user model, unless SAME_USER=1: a policy trained against one user model learns its habits.
+if [[ -z "$USER_MODEL" && "$SAME_USER" == 1 ]]; then
+    USER_MODEL=$TRAIN_USER_MODEL
+elif [[ -z "$USER_MODEL" ]]; then
+    echo "set USER_MODEL to the held-out evaluation user's model (served at USER_BASE_URL=$USER_BASE_URL), not the" \
+        "training user's ($TRAIN_USER_MODEL); SAME_USER=1 evaluates against the training user's model on purpose" >&2
+    exit 2
+elif [[ "${USER_MODEL,,}" == "${TRAIN_USER_MODEL,,}" && "$SAME_USER" != 1 ]]; then
+    echo "USER_MODEL=$USER_MODEL is the training user's model (TRAIN_USER_MODEL): evaluate against a held-out user" \
+        "model, or set SAME_USER=1 to measure against the training user on purpose" >&2
+    exit 2
+fi
 
 # (1) checkpoint -> Hugging Face model
 HF_MODEL=$CKPT

@@ -26,7 +26,9 @@
 # Knobs: RESULTS_DIR [~/eval/paper]  CKPT_ROOT [~/ckpt/paper]  SEEDS ["1 2 3"]  ABLATION_SEEDS ["1"]
 #        ONLY [regex over TABLE/MODEL/ARM/seedN, e.g. 'table1/qwen3_4b']  BFCL [1: table1 runs also on BFCL]
 #        TRAIN_USER_BASE_URL / TRAIN_USER_MODEL [the training recipes' USER_BASE_URL / USER_MODEL defaults]
-#        EVAL_USER_BASE_URL [http://127.0.0.1:8002/v1] / EVAL_USER_MODEL [Qwen/Qwen3-32B]  DRY_RUN [0]  LIST [0]
+#        EVAL_USER_BASE_URL [http://127.0.0.1:8002/v1] / EVAL_USER_MODEL [none: required, a held-out model other
+#        than TRAIN_USER_MODEL; checked before any training starts; DRY_RUN=1 without it plans with a placeholder]
+#        DRY_RUN [0]  LIST [0]
 #        PYTHON [python3]; everything the training and evaluation recipes read (ANNOTATOR_BASE_URL, DATA_DIR, ...).
 set -xeuo pipefail
 
@@ -43,10 +45,25 @@ BFCL=${BFCL:-1}
 TRAIN_USER_BASE_URL=${TRAIN_USER_BASE_URL:-${USER_BASE_URL:-http://127.0.0.1:8100/v1}}
 TRAIN_USER_MODEL=${TRAIN_USER_MODEL:-${USER_MODEL:-${ANNOTATOR_MODEL:-Qwen/Qwen3-32B}}}
 EVAL_USER_BASE_URL=${EVAL_USER_BASE_URL:-http://127.0.0.1:8002/v1}
-EVAL_USER_MODEL=${EVAL_USER_MODEL:-Qwen/Qwen3-32B}
+EVAL_USER_MODEL=${EVAL_USER_MODEL:-}
 for knob in DRY_RUN LIST BFCL; do
     case "${!knob}" in 0 | 1) ;; *) echo "$knob must be 0 or 1, got '${!knob}'" >&2 && exit 2 ;; esac
 done
+# The held-out evaluation user (recipes/eval/tau2_eval.sh refuses the training user's model): checked here, before
+# days of training end in a refused evaluation.
+if [[ "$LIST" == 0 && -z "$EVAL_USER_MODEL" ]]; then
+    if [[ "$DRY_RUN" == 0 ]]; then
+        echo "set EVAL_USER_MODEL to the held-out evaluation user's model (served at" \
+            "EVAL_USER_BASE_URL=$EVAL_USER_BASE_URL), not the training user's ($TRAIN_USER_MODEL)" >&2
+        exit 2
+    fi
+    EVAL_USER_MODEL='<held-out user: set EVAL_USER_MODEL>'
+    echo "EVAL_USER_MODEL is not set: the evaluation plans name a placeholder, a real run refuses to start" >&2
+elif [[ "$LIST" == 0 && "${EVAL_USER_MODEL,,}" == "${TRAIN_USER_MODEL,,}" ]]; then
+    echo "EVAL_USER_MODEL=$EVAL_USER_MODEL is the training user's model (TRAIN_USER_MODEL): the evaluation needs a" \
+        "held-out user model" >&2
+    exit 2
+fi
 for seed in $SEEDS $ABLATION_SEEDS; do
     case "$seed" in '' | *[!0-9]*) echo "SEEDS and ABLATION_SEEDS must be non-negative integers, got '$seed'" >&2 && exit 2 ;; esac
 done

@@ -15,7 +15,9 @@ endpoint and the start-up probe has one to check from each node. Asserted from w
 * training and credit unchanged: the advantages the actor received equal the credit core rebuilt
   offline from the dumps (``verl_credit.verl.cpu.check``), to 1e-6, with non-zero advantages;
 * everything the test started (both Ray nodes and their processes, the stub server, the trainer)
-  is stopped by PID, and the cluster's folder is gone.
+  is stopped by PID, and the cluster's folder is gone: the processes below the nodes right after
+  they start, and again just before the stop (with the workers the nodes still run then, and any
+  process whose command line names the cluster's folder, reparented or not), are all gone after it.
 
 Memory: two vLLM-CPU rollout replicas and two FSDP ranks, about twice the single-node run. Set
 ``VERL_CREDIT_SKIP_CPU_TRAINING=1`` to skip it (as ``tests/e2e/test_cpu_training.py``); it runs only
@@ -33,6 +35,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+try:
+    import psutil
+except ImportError:  # /proc instead
+    psutil = None
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
@@ -58,6 +65,55 @@ pytestmark = [
 
 def _run(argv: list[str], timeout: int, **kwargs: Any) -> subprocess.CompletedProcess:
     return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout, check=False, **kwargs)
+
+
+def _start_time(pid: int) -> float | None:
+    """When ``pid`` started (psutil's ``create_time``, else ``/proc/<pid>/stat``'s start time in clock
+    ticks), ``None`` when it is gone or a zombie: a PID and its start time name one process, even
+    after the PID is reused."""
+    if psutil is not None:
+        try:
+            process = psutil.Process(pid)
+            return None if process.status() == psutil.STATUS_ZOMBIE else process.create_time()
+        except psutil.Error:
+            return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] == "Z" else float(fields[19])
+
+
+def _cluster_processes(roots: list[int], folder: str) -> dict[int, float]:
+    """PID -> start time of every live process below ``roots`` and of every one whose command line
+    names ``folder`` (the cluster's temp folder: Ray passes it to all its processes)."""
+    pids: set[int] = set()
+    for root in roots:
+        if psutil is not None:
+            try:
+                pids |= {root, *(child.pid for child in psutil.Process(root).children(recursive=True))}
+            except psutil.Error:
+                pass
+        else:
+            pids |= {root, *descendants(root)}
+    if folder:
+        # the folder itself or a path below it, not another folder that starts with its name
+        names = (f"{folder}\0".encode(), f"{folder}/".encode())
+        if psutil is not None:
+            for process in psutil.process_iter(["cmdline"]):
+                cmdline = "\0".join([*(process.info["cmdline"] or ()), ""]).encode(errors="replace")
+                if any(name in cmdline for name in names):
+                    pids.add(process.pid)
+        else:
+            for entry in Path("/proc").iterdir():
+                try:
+                    cmdline = (entry / "cmdline").read_bytes() if entry.name.isdigit() else b""
+                except OSError:
+                    continue
+                if any(name in cmdline for name in names):
+                    pids.add(int(entry.name))
+    found = {pid: _start_time(pid) for pid in pids - {os.getpid()}}
+    return {pid: started for pid, started in found.items() if started is not None}
 
 
 def _venv() -> Path:
@@ -116,6 +172,7 @@ def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         start_timeout_s=180,
     )
     started: list[int] = []
+    before_stop: dict[int, float] = {}
     try:
         cluster.start()
         started = [pid for process in cluster.processes for pid in (process.pid, *descendants(process.pid))]
@@ -162,6 +219,8 @@ def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             600,
         )
     finally:
+        # everything below the nodes now (with the workers they still run), not only at start-up
+        before_stop = _cluster_processes([process.pid for process in cluster.processes], cluster.temp_dir)
         cluster.stop()
         stub.stop()
     log = (run_dir / "train.log").read_text() if (run_dir / "train.log").exists() else ""
@@ -175,6 +234,7 @@ def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "check": json.loads((out / "c.json").read_text()) if checked.returncode == 0 else None,
         "check_err": checked.stderr,
         "started": started,
+        "before_stop": before_stop,
         "cluster_dir": cluster.temp_dir,
         "stub_pid": stub.process.pid,
     }
@@ -233,11 +293,24 @@ def test_advantages_equal_the_credit_core(two_nodes: dict[str, Any]) -> None:
     assert any(step["nonzero_tokens"] > 0 for step in steps)
 
 
+def _command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:200]
+    except OSError:
+        return "?"
+
+
 def test_everything_it_started_is_stopped(two_nodes: dict[str, Any]) -> None:
     def running(pid: int) -> bool:
         stat = Path(f"/proc/{pid}/stat")
         return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
 
     assert two_nodes["started"] and not [pid for pid in two_nodes["started"] if running(pid)]
+    # the processes of the cluster just before the stop (the nodes' daemons and the workers they still
+    # had): none of them (the same PID with the same start time) is left
+    before_stop = two_nodes["before_stop"]
+    assert before_stop
+    left = {pid: started for pid, started in before_stop.items() if _start_time(pid) == started}
+    assert not left, {pid: _command(pid) for pid in left}
     assert not running(two_nodes["stub_pid"])
     assert not Path(two_nodes["cluster_dir"]).exists()

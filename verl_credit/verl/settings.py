@@ -274,11 +274,14 @@ class SessionSettings:
     start-up probe of the endpoints sessions call (:mod:`verl_credit.verl.session_failures`,
     :mod:`verl_credit.verl.cluster_checks`)."""
 
-    deadline: float | None = setting(1800.0, Number(0.0, MAX_SECONDS, low_open=True, null="no deadline"))
+    deadline: float | None = setting(900.0, Number(0.0, MAX_SECONDS, low_open=True, null="no deadline"))
     """Seconds one training episode may take, whatever it waits on (the rollout server, the
     simulated user and all their retries): one deadline per session, not per request. Past it, or
     when the user simulator or the rollout server fails, the session's group is dropped from the
-    step (counted in ``credit/failed_sessions``). ``null``: no deadline."""
+    step (counted in ``credit/failed_sessions``). ``null``: no deadline. The default, 900 s, is 30
+    rounds (policy turn and simulated-user reply) of 30 s each: a step waits at most that long for
+    a hung server, well below the 300 s x 5 attempts of tau2's user client by default (the recipes
+    give that client a timeout x attempts below the deadline, so a dead user is reported as one)."""
     max_failed_share: float = setting(0.25, Number(0.0, 1.0, high_open=True))
     """Stop the run (after a checkpoint of the last trained step) when more than this share of a
     step's sessions failed (``credit/failed_session_share``); below it their groups are dropped."""
