@@ -1,4 +1,5 @@
-"""Finite rewards give finite advantages; non-finite rewards and settings are rejected (issue 13.6)."""
+"""Finite rewards give finite advantages; non-finite rewards, rewards beyond the reward limit and
+non-finite settings are refused."""
 
 from __future__ import annotations
 
@@ -114,3 +115,50 @@ def test_nonfinite_settings_are_rejected_by_the_dataclasses_too() -> None:
     with pytest.raises(ValueError, match=r"credit\.call_credit\.gamma must be a finite"):
         CallCreditConfig(gamma=math.nan)
     assert CreditConfig().iapo.clip_c == 0.25  # defaults are fine
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "iapo", "call_credit", "gigpo", "info_gain"])
+@pytest.mark.parametrize("norm_by_std", [True, False])
+def test_rewards_at_the_reward_limit_give_finite_credit_for_every_estimator(estimator: str, norm_by_std: bool) -> None:
+    from verl_credit.call_graph import CallGraph
+    from verl_credit.credit.grpo import REWARD_LIMIT
+
+    scores = trajectory_scores([REWARD_LIMIT, -REWARD_LIMIT, REWARD_LIMIT, REWARD_LIMIT, 1.0, 0.0])
+    config = CreditConfig.from_mapping({"estimator": estimator, "norm_adv_by_std_in_grpo": norm_by_std})
+    credit = compute_batch_credit(
+        scores,
+        UIDS,
+        [[2, 3]] * 6,
+        config,
+        graphs=[InfluenceGraph.uniform(2)] * 6,
+        call_graphs=[CallGraph(("AE", "AE"), (False, False))] * 6,
+        anchor_states=[["s1", "s2"]] * 6,
+    )
+    assert torch.isfinite(credit.trajectory_advantage).all()
+    assert torch.isfinite(credit.action_advantage).all()
+
+
+def test_a_reward_beyond_the_reward_limit_is_refused_before_any_work(tmp_path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    with pytest.raises(ValueError, match=r"trajectory 0 'big'.*within \+-1e\+300"):
+        trajectory_scores([1e308, 0.0], names=["big", "small"])
+    wide = torch.tensor([1e308, 0.0], dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"trajectory 0 \(group 'a'\).*overflows the credit"):
+        compute_batch_credit(wide, ["a", "a"], [[1]] * 2, CreditConfig(estimator="gigpo"), anchor_states=[["s"]] * 2)
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]
+    rollouts = tmp_path / "rollouts.jsonl"
+    rollouts.write_text(
+        "".join(
+            json.dumps({"id": f"t{i}", "uid": "g", "reward": r, "messages": messages}) + "\n"
+            for i, r in enumerate([0.0, 1e308])
+        )
+    )
+    out = tmp_path / "credit.jsonl"
+    command = [sys.executable, "-m", "verl_credit.cli.main", "route", "--input", str(rollouts), "--estimator", "gigpo"]
+    completed = subprocess.run([*command, "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 2, completed.stderr
+    assert f"{rollouts}:2: field 'reward': 1e+308 lies beyond +-1e+300" in completed.stderr
+    assert not out.exists()

@@ -129,6 +129,64 @@ def test_trainer_git_never_runs_what_the_agent_planted(sandbox: CodingSandbox, a
     assert sandbox.reward() == 0.0  # the task is unfixed; nothing on the way crashed
 
 
+# Plants beside the work tree, where the trainer built its own repository and HOME: in the fallback
+# mode a jailed command runs as the trainer's user with the host's file system, so it can reach
+# them by a path built at run time (the lexical pre-check sees no "..").
+PLANT_BESIDE = """python -c '
+import base64, os, sys
+parent = os.path.dirname(os.getcwd())
+for relative, encoded in zip(sys.argv[1::2], sys.argv[2::2]):
+    path = os.path.join(parent, relative)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as handle:
+            handle.write(base64.b64decode(encoded).decode())
+        if "/hooks/" in path:
+            os.chmod(path, 0o755)
+        print("planted", relative)
+    except OSError as error:
+        print("refused", relative, error.errno)
+'"""
+
+BESIDE_ATTACKS = {
+    "host.git config": {"host.git/config": "[core]\n\tfsmonitor = {hook}\n[diff]\n\texternal = {hook}\n"},
+    "host.git filter": {
+        "host.git/config": '[filter "evil"]\n\tclean = {hook}\n\tsmudge = {hook}\n',
+        "host.git/info/attributes": "* filter=evil\n",
+    },
+    "host.git hook": {"host.git/hooks/post-index-change": "#!/bin/sh\n{hook}\n"},
+    "trainer HOME": {
+        "home/.gitconfig": "[core]\n\tfsmonitor = {hook}\n",
+        "home/git/config": "[core]\n\tfsmonitor = {hook}\n",
+        "home/git/attributes": "* filter=evil\n",
+    },
+}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("attack", sorted(BESIDE_ATTACKS))
+@pytest.mark.parametrize("sandbox", JAIL_MODES, indirect=True)
+def test_trainer_git_never_runs_what_the_agent_planted_beside_the_work_tree(
+    sandbox: CodingSandbox, attack: str, tmp_path: Path
+) -> None:
+    marker = tmp_path / f"git-ran-{uuid.uuid4().hex[:8]}"
+    arguments = []
+    for relative, text in BESIDE_ATTACKS[attack].items():
+        arguments += [relative, base64.b64encode(text.replace("{hook}", f"touch {marker}").encode()).decode()]
+    output = _bash(sandbox, PLANT_BESIDE + " " + " ".join(arguments))
+    assert output.startswith("exit code 0"), output
+    planted = output.count("planted ")
+    if sandbox.jail_mode == "fallback":  # nothing stops the plant itself here: the trainer's git must
+        assert planted == len(BESIDE_ATTACKS[attack]), output
+    else:  # the namespace jail sees the sandbox's parent read-only
+        assert planted == 0, output
+    _bash(sandbox, "echo '# changed' >> textutil/slug.py && sleep 1 && touch textutil/titles.py")
+    diff = sandbox.git_diff()
+    assert not marker.exists(), f"{attack}: the trainer's git ran the agent's command"
+    assert "+# changed" in diff
+    assert sandbox.git_diff() == diff  # every diff runs on a fresh copy of the trainer's repository
+
+
 # --------------------------------------------------------------------------- 2. races and path errors
 
 # Swaps ``d`` (a real directory) and ``s`` (a symlink to the host directory) atomically
@@ -347,6 +405,13 @@ def test_limits_and_the_jail_refuse_numbers_that_disable_a_cap(tmp_path: Path) -
             SandboxLimits(bash_timeout_s=value)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="max_workspace_bytes"):
         SandboxLimits(max_workspace_bytes=0)
+    # a limit too large to be one is refused too, naming the allowed range
+    with pytest.raises(ValueError, match=r"bash_timeout_s must be in \(0, 86400\] seconds"):
+        SandboxLimits(bash_timeout_s=1e12)
+    for name in ("max_output_bytes", "max_processes", "max_workspace_bytes", "max_jail_memory_bytes"):
+        with pytest.raises(ValueError, match=rf"{name} must be an integer in \[1, \d+\]"):
+            SandboxLimits(**{name: 1 << 62})
+    assert SandboxLimits(bash_timeout_s=86400, max_workspace_bytes=1 << 40).max_workspace_bytes == 1 << 40
     for value in (math.nan, math.inf, 0, -3):
         with pytest.raises(ValueError, match="timeout_s"):
             jail_module.run_jailed("true", tmp_path, mode="fallback", timeout_s=value)
@@ -371,7 +436,8 @@ def test_a_1100_level_tree_crashes_nothing_and_leaks_nothing(mode: str, name: st
     tmp = box.root.parent
     try:
         made = box.call("bash", {"command": DEEP_TREE.replace("{name}", name)})
-        assert "exit code 0" in made.content, made.content
+        # a size-limited workspace lets the command finish; the watchdog of a plain one stops it
+        assert "exit code 0" in made.content or "deeper than" in made.content, made.content
         assert "nested deeper than" in made.content  # the too-deep part was deleted after the call
         state = box.snapshot()
         assert box.reward() == 0.0  # the task is unfixed
@@ -595,6 +661,31 @@ def test_disk_quota_holds_during_a_call_and_during_the_reward(mode: str, workspa
         assert box.reward() == 0.0
         used = sum(f.stat().st_size for f in box._eval_dir.rglob("*") if f.is_file())
         assert used <= (quota + 16 + 48) << 20, used  # the evaluation tree's room: quota + 16 MiB
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", JAIL_MODES)
+def test_the_quota_watchdog_counts_what_is_written_below_the_walk_depth(mode: str) -> None:
+    """The same writer, 70 directory levels down (deeper than the walks go): the watchdog cannot
+    count it, so a tree that nests that deep stops the command as if it were over quota."""
+    quota = 16
+    limits = SandboxLimits(bash_timeout_s=60, test_timeout_s=60, max_workspace_bytes=quota << 20)
+    # one file per MiB, so the per-file size limit (64 MiB) does not stop it first
+    deep_writer = (
+        "import os, time\nfor _ in range(70):\n    os.mkdir('d')\n    os.chdir('d')\n"
+        "for written in range(1, 201):\n"
+        "    with open(f'filler{written}.bin', 'wb') as handle:\n"
+        "        handle.write(b'x' * (1 << 20))\n"
+        "    print('written', written, flush=True)\n"
+        "    time.sleep(0.01)\n"
+    )
+    with CodingSandbox(TASK, jail=mode, limits=limits, workspace="directory") as box:
+        result = box.call("bash", {"command": f"python -c {shlex.quote(deep_writer)}"})
+        assert result.is_error, result.content
+        assert "deeper than" in result.content, result.content
+        assert _last_written(result.content) <= quota + 48, result.content
+        assert "nested deeper than" in result.content  # and the deep part was deleted after the call
+        assert not box.root.joinpath(*["d"] * 65).exists()
 
 
 ORDINARY_CODE = """

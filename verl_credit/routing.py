@@ -23,7 +23,7 @@ import torch
 
 from verl_credit.call_graph import CallGraph
 from verl_credit.config import CreditConfig
-from verl_credit.credit.grpo import WIDE_SCORE
+from verl_credit.credit.grpo import REWARD_LIMIT, WIDE_SCORE
 from verl_credit.credit.tokens import scatter_action_values_to_tokens
 from verl_credit.estimators.call_credit import pad_call_graphs
 from verl_credit.estimators.iapo import pad_influence_graphs
@@ -82,8 +82,10 @@ def check_finite_scores(
     scores: torch.Tensor, index: Sequence[Any] | np.ndarray, names: Sequence[Any] | None = None
 ) -> None:
     """Raise ``ValueError`` naming the first trajectory (position, name if given, group) whose score
-    is NaN or infinite: a non-finite reward would make its whole group's advantages NaN."""
-    bad = torch.nonzero(~torch.isfinite(scores.detach())).flatten()
+    is NaN or infinite (it would make its whole group's advantages NaN) or beyond
+    :data:`~verl_credit.credit.grpo.REWARD_LIMIT` (its credit would overflow)."""
+    detached = scores.detach()
+    bad = torch.nonzero(~torch.isfinite(detached)).flatten()
     if bad.numel():
         row = int(bad[0])
         name = f" {names[row]!r}" if names is not None else ""
@@ -91,19 +93,35 @@ def check_finite_scores(
             f"reward of trajectory {row}{name} (group {index[row]!r}) is {float(scores[row])}: rewards must be "
             f"finite ({bad.numel()} non-finite of {scores.shape[0]})"
         )
+    huge = torch.nonzero(detached.abs() > REWARD_LIMIT).flatten()
+    if huge.numel():
+        row = int(huge[0])
+        name = f" {names[row]!r}" if names is not None else ""
+        raise ValueError(
+            f"reward of trajectory {row}{name} (group {index[row]!r}) is {float(scores[row]):g}: rewards must lie "
+            f"within +-{REWARD_LIMIT:g} (a larger one overflows the credit)"
+        )
 
 
 def trajectory_scores(rewards: Sequence[float], names: Sequence[Any] | None = None) -> torch.Tensor:
     """``(B,)`` score tensor of per-trajectory rewards for :func:`compute_batch_credit`: float32
     (verl's dtype) when every reward is below ``grpo.WIDE_SCORE`` in magnitude, else float64, so
     that a finite reward such as ``1e39`` (beyond float32) stays finite. A NaN or infinite reward
-    raises ``ValueError`` naming its position (and ``names[i]`` if given)."""
+    raises ``ValueError`` naming its position (and ``names[i]`` if given), and so does one beyond
+    :data:`~verl_credit.credit.grpo.REWARD_LIMIT`."""
     values = torch.tensor([float(r) for r in rewards], dtype=torch.float64)
     bad = torch.nonzero(~torch.isfinite(values)).flatten()
     if bad.numel():
         row = int(bad[0])
         name = f" {names[row]!r}" if names is not None else ""
         raise ValueError(f"reward of trajectory {row}{name} is {float(values[row])}: rewards must be finite")
+    huge = torch.nonzero(values.abs() > REWARD_LIMIT).flatten()
+    if huge.numel():
+        row = int(huge[0])
+        name = f" {names[row]!r}" if names is not None else ""
+        raise ValueError(
+            f"reward of trajectory {row}{name} is {float(values[row]):g}: rewards must lie within +-{REWARD_LIMIT:g}"
+        )
     if values.numel() and float(values.abs().max()) >= WIDE_SCORE:
         return values
     return values.to(torch.float32)

@@ -30,6 +30,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from verl_credit.credit.grpo import REWARD_LIMIT
+
 __all__ = [
     "Action",
     "Observation",
@@ -232,6 +234,10 @@ class Trajectory:
             raise TrajectoryError("reward", "number too large for a float") from None
         if not math.isfinite(reward):
             raise TrajectoryError("reward", f"expected a finite number, got {reward!r}")
+        if abs(reward) > REWARD_LIMIT:
+            raise TrajectoryError(
+                "reward", f"{reward:g} lies beyond +-{REWARD_LIMIT:g} (a larger reward overflows the credit)"
+            )
         lengths = record.get("action_token_lengths")
         trajectory = cls.from_messages(
             record["messages"],

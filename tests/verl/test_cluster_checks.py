@@ -121,6 +121,47 @@ def test_probe_endpoint_over_http() -> None:
     assert "ConnectError" in str(probe_endpoint(dead, 5.0))
 
 
+def test_probe_endpoint_never_reads_the_body() -> None:
+    """A server whose /models body never ends (chunked, 1 MiB chunks, gzip-declared): the probe
+    answers from the status line, within its timeout, holding no body."""
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    listener.settimeout(20)
+    sent: list[int] = []
+
+    def serve() -> None:
+        connection, _ = listener.accept()
+        with connection:
+            connection.recv(65536)
+            connection.sendall(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Encoding: gzip\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n"
+            )
+            chunk = b"%x\r\n" % (1 << 20) + b"\0" * (1 << 20) + b"\r\n"
+            total = 0
+            try:
+                while total < 4 << 30:
+                    connection.sendall(chunk)
+                    total += 1 << 20
+            except OSError:  # the client closed the connection
+                pass
+            sent.append(total)
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    try:
+        host, port = listener.getsockname()
+        assert probe_endpoint(f"http://{host}:{port}/v1", 10.0) is None
+        server.join(timeout=20)
+        assert sent and sent[0] < 1 << 30, sent  # the client hung up long before 1 GiB
+    finally:
+        listener.close()
+
+
 def _fake_runner(per_node: dict[str, Any]):
     calls: list[tuple[list[str], list[tuple[str, bool]], str | None]] = []
 

@@ -26,10 +26,15 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["WIDE_SCORE", "compute_group_statistics", "compute_grpo_trajectory_advantage"]
+__all__ = ["REWARD_LIMIT", "WIDE_SCORE", "compute_group_statistics", "compute_grpo_trajectory_advantage"]
 
 #: groups with a score this large (in magnitude) are normalized in float64 (see the module doc)
 WIDE_SCORE = 1e18
+#: the largest trajectory reward in magnitude. Credit is linear in the rewards with factors of at
+#: most ``config_rules.MAX_WEIGHT = 1e6`` summed over a group (GiGPO adds a step term, CALL-CREDIT
+#: without std normalization keeps the raw difference), so rewards within +-1e300 keep every credit
+#: term below float64's 1.8e308 for groups of up to 1e8 members; 1e308 itself overflows.
+REWARD_LIMIT = 1e300
 
 
 def compute_group_statistics(

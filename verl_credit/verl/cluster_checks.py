@@ -163,8 +163,10 @@ def probe_endpoint(url: str, timeout_s: float, trust_env: bool = False) -> str |
 
     target = url.rstrip("/") + "/models"
     try:
-        with httpx.Client(timeout=timeout_s, trust_env=trust_env) as client:
-            status = client.get(target).status_code
+        # only the status line matters: the body is never read (a server that answers with a huge
+        # or gzip-bomb body costs nothing)
+        with httpx.Client(timeout=timeout_s, trust_env=trust_env) as client, client.stream("GET", target) as response:
+            status = response.status_code
     except httpx.HTTPError as exc:
         return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     if 200 <= status < 300 or status in (401, 403):

@@ -15,13 +15,26 @@ the work tree) with
   rewrite the index);
 * attributes from the work tree's ``.gitattributes`` can name a ``filter``/``diff`` driver, but a
   driver only runs a command if the *configuration* defines it, and none does.
+
+The private directory is not trusted either: in the ``fallback`` jail mode a jailed command runs
+as the trainer's user without a mount namespace, so it can reach ``<tmp>/host.git`` and
+``<tmp>/home`` (``$(dirname "$PWD")/host.git/config``). So the repository lives in the trainer's
+memory: :meth:`HostGit.init_commit` reads the fresh git directory into bytes, and every later
+command runs on a copy written from those bytes into a new private temporary directory (with a new
+empty ``HOME``), removed when the command ends. Nothing a jailed command wrote after the commit,
+anywhere, is configuration to the trainer's git (no jailed process outlives its command:
+:mod:`.reaper`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
+import stat
 import subprocess
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 __all__ = ["HostGit"]
@@ -36,16 +49,19 @@ _SAFE_CONFIG = (
     "protocol.allow=never",
 )
 _TIMEOUT_S = 30
+#: a task's repository is a few hundred KB; a larger private directory means something is wrong
+_MAX_REPOSITORY_BYTES = 256 * 1024 * 1024
 
 
 class HostGit:
-    """``git`` over ``work_tree`` with the private git directory ``git_dir`` (see the module doc).
+    """``git`` over ``work_tree`` with a private git directory kept in memory (see the module doc).
 
     Args:
-        git_dir: the trainer's git directory (created by :meth:`init`; never inside ``work_tree``).
+        git_dir: where :meth:`init_commit` builds the repository (never inside ``work_tree``); read
+            into memory and removed at the end of :meth:`init_commit`.
         work_tree: the agent's files.
-        home: an empty directory used as ``HOME`` (no user configuration is found there).
-        identity: ``GIT_AUTHOR_*``/``GIT_COMMITTER_*`` variables for :meth:`commit_all`.
+        home: an empty directory used as ``HOME`` while the repository is built.
+        identity: ``GIT_AUTHOR_*``/``GIT_COMMITTER_*`` variables for :meth:`init_commit`.
     """
 
     def __init__(self, git_dir: Path, work_tree: Path, home: Path, identity: Mapping[str, str]) -> None:
@@ -53,39 +69,35 @@ class HostGit:
         self.work_tree = work_tree
         self.home = home
         self.identity = dict(identity)
+        #: the repository after :meth:`init_commit`: relative path -> (mode, bytes); None for a directory
+        self._pristine: dict[str, tuple[int, bytes | None]] | None = None
 
     def run(self, *args: str) -> str:
-        """Run ``git args`` and return its standard output; raises ``RuntimeError`` on failure."""
-        argv = ["git", "--no-pager"]
-        for setting in (*_SAFE_CONFIG, f"safe.directory={self.git_dir}", f"safe.directory={self.work_tree}"):
-            argv += ["-c", setting]
-        completed = subprocess.run(
-            [*argv, *args],
-            cwd=self.home,
-            env=self._environment(),
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=_TIMEOUT_S,
-            check=False,
-        )
-        if completed.returncode != 0:
-            message = completed.stderr.decode("utf-8", errors="replace").strip()
-            raise RuntimeError(f"git {' '.join(args)} failed in {self.work_tree}: {message}")
-        return completed.stdout.decode("utf-8", errors="replace")
+        """Run ``git args`` and return its standard output; raises ``RuntimeError`` on failure.
+
+        After :meth:`init_commit`, on a fresh copy of the repository written from memory."""
+        if self._pristine is None:
+            return self._run_in(self.git_dir, self.home, args)
+        with self._fresh_copy() as (git_dir, home):
+            return self._run_in(git_dir, home, args)
 
     def init_commit(self, message: str) -> None:
-        """Make the private repository with one commit of the whole work tree."""
+        """Make the private repository with one commit of the whole work tree, then keep it in memory."""
         self.run("init", "-q")
         self.run("add", "-A")
         self.run("commit", "-q", "--no-verify", "-m", message)
+        self._pristine = _read_repository(self.git_dir)
+        shutil.rmtree(self.git_dir)  # never read again: a jailed command may write where it was
 
     def copy_to(self, destination: Path) -> None:
         """Copy the private repository to ``destination`` (the agent's own ``.git``, which the agent
         may change at will: nothing here reads it again)."""
-        shutil.copytree(self.git_dir, destination, symlinks=True)
+        if self._pristine is None:
+            raise RuntimeError("copy_to before init_commit")
+        _write_repository(self._pristine, destination)
         subprocess.run(
             ["git", "--git-dir", str(destination), "config", "--unset", "core.worktree"],
-            env=self._environment(include_repository=False),
+            env=self._environment(self.home, git_dir=None),
             cwd=self.home,
             stdin=subprocess.DEVNULL,
             capture_output=True,
@@ -97,11 +109,41 @@ class HostGit:
         """``git diff`` of the work tree against the task's commit."""
         return self.run("diff", "--no-color", "--no-ext-diff", "--no-textconv")
 
-    def _environment(self, include_repository: bool = True) -> dict[str, str]:
+    @contextlib.contextmanager
+    def _fresh_copy(self) -> Iterator[tuple[Path, Path]]:
+        """A new private temporary directory holding the repository (``git``) and an empty ``home``."""
+        assert self._pristine is not None
+        scratch = Path(tempfile.mkdtemp(prefix="vc-host-git-"))
+        try:
+            _write_repository(self._pristine, scratch / "git")
+            (scratch / "home").mkdir(mode=0o700)
+            yield scratch / "git", scratch / "home"
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def _run_in(self, git_dir: Path, home: Path, args: tuple[str, ...]) -> str:
+        argv = ["git", "--no-pager"]
+        for setting in (*_SAFE_CONFIG, f"safe.directory={git_dir}", f"safe.directory={self.work_tree}"):
+            argv += ["-c", setting]
+        completed = subprocess.run(
+            [*argv, *args],
+            cwd=home,
+            env=self._environment(home, git_dir=git_dir),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=_TIMEOUT_S,
+            check=False,
+        )
+        if completed.returncode != 0:
+            message = completed.stderr.decode("utf-8", errors="replace").strip()
+            raise RuntimeError(f"git {' '.join(args)} failed in {self.work_tree}: {message}")
+        return completed.stdout.decode("utf-8", errors="replace")
+
+    def _environment(self, home: Path, git_dir: Path | None) -> dict[str, str]:
         env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin",
-            "HOME": str(self.home),
-            "XDG_CONFIG_HOME": str(self.home),
+            "HOME": str(home),
+            "XDG_CONFIG_HOME": str(home),
             "LC_ALL": "C",
             "GIT_CONFIG_NOSYSTEM": "1",
             "GIT_CONFIG_GLOBAL": "/dev/null",
@@ -110,10 +152,49 @@ class HostGit:
             "GIT_OPTIONAL_LOCKS": "0",
             "GIT_NO_REPLACE_OBJECTS": "1",
             "GIT_PAGER": "cat",
-            "GIT_CEILING_DIRECTORIES": str(self.home.parent),
+            "GIT_CEILING_DIRECTORIES": str(home.parent),
             **self.identity,
         }
-        if include_repository:
-            env["GIT_DIR"] = str(self.git_dir)
+        if git_dir is not None:
+            env["GIT_DIR"] = str(git_dir)
             env["GIT_WORK_TREE"] = str(self.work_tree)
         return env
+
+
+def _read_repository(git_dir: Path) -> dict[str, tuple[int, bytes | None]]:
+    """Every directory and regular file under ``git_dir`` (just made by the trainer's own git, before
+    any jailed command ran), as relative path -> (permission bits, bytes or None for a directory)."""
+    entries: dict[str, tuple[int, bytes | None]] = {}
+    total = 0
+    for directory, dirnames, filenames in os.walk(git_dir):
+        relative = os.path.relpath(directory, git_dir)
+        for name in dirnames:
+            mode = os.lstat(os.path.join(directory, name)).st_mode
+            entries[os.path.normpath(os.path.join(relative, name))] = (stat.S_IMODE(mode), None)
+        for name in filenames:
+            path = os.path.join(directory, name)
+            info = os.lstat(path)
+            if not stat.S_ISREG(info.st_mode):
+                raise RuntimeError(f"unexpected non-regular file in the trainer's git directory: {path}")
+            total += info.st_size
+            if total > _MAX_REPOSITORY_BYTES:
+                raise RuntimeError(f"the task's repository is over {_MAX_REPOSITORY_BYTES} bytes: {git_dir}")
+            with open(path, "rb") as handle:
+                entries[os.path.normpath(os.path.join(relative, name))] = (stat.S_IMODE(info.st_mode), handle.read())
+    return entries
+
+
+def _write_repository(entries: Mapping[str, tuple[int, bytes | None]], destination: Path) -> None:
+    """Write :func:`_read_repository`'s entries under ``destination`` (which must not exist)."""
+    destination.mkdir(mode=0o700)
+    for relative in sorted(entries):  # parents sort before their children
+        mode, content = entries[relative]
+        path = destination / relative
+        if content is None:
+            path.mkdir(mode=0o700)
+            os.chmod(path, mode | stat.S_IRWXU)
+            continue
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(content)
+        os.chmod(path, mode | stat.S_IRUSR)

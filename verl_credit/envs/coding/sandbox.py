@@ -7,9 +7,10 @@ Directory layout of one sandbox (``tempfile.mkdtemp``)::
     <tmp>/tmp       TMPDIR of jailed commands in the fallback jail mode
     <tmp>/eval      rebuilt for every reward: the agent's sources + the task's original tests and
                     pytest config (the hidden tests stay outside, in a private directory)
-    <tmp>/host.git  the trainer's own copy of the task's commit (:mod:`.host_git`): ``git_diff``
-                    never reads the agent's ``.git``
-    <tmp>/home      an empty ``HOME`` for the trainer's git
+    <tmp>/host.git  where the trainer's own repository of the task's commit is built, then read into
+                    memory and removed (:mod:`.host_git`): ``git_diff`` never reads the agent's
+                    ``.git``, nor anything a jailed command could have written
+    <tmp>/home      an empty ``HOME`` for the trainer's git while that repository is built
 
 ``repo``, ``tmp`` and ``eval`` are size-limited tmpfs mounts where this process may mount
 (:mod:`.workspace`; ``workspace="directory"`` or an unprivileged trainer: plain directories with a
@@ -60,6 +61,7 @@ from pathlib import Path
 from typing import Any
 
 import verl_credit.envs.coding.beneath as beneath
+from verl_credit.config_rules import MAX_SECONDS
 from verl_credit.envs.base import ToolResult
 from verl_credit.envs.coding.hidden_tests import HiddenRun, run_hidden_tests
 from verl_credit.envs.coding.host_git import HostGit
@@ -70,9 +72,9 @@ from verl_credit.envs.coding.task_spec import TASKS_DIR, CodingTask, load_task
 from verl_credit.envs.coding.tools import ToolArgumentError, check_arguments
 from verl_credit.envs.coding.workspace import (
     mount_size_limited,
+    quota_violation,
     size_limited_mounts_available,
     unmount,
-    usage_over,
 )
 
 __all__ = ["REWARD_MODES", "WORKSPACE_MODES", "CodingSandbox", "SandboxLimits", "SandboxState", "TestReport"]
@@ -133,10 +135,32 @@ class SandboxLimits:
             if item.name.endswith("_s"):
                 if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
                     raise ValueError(f"SandboxLimits.{item.name} must be a finite number of seconds, got {value!r}")
-                if not value > 0:
-                    raise ValueError(f"SandboxLimits.{item.name} must be > 0, got {value!r}")
-            elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"SandboxLimits.{item.name} must be an integer >= 1, got {value!r}")
+                if not 0 < value <= MAX_SECONDS:
+                    raise ValueError(
+                        f"SandboxLimits.{item.name} must be in (0, {MAX_SECONDS:g}] seconds, got {value!r} "
+                        "(a longer one is no limit at all)"
+                    )
+                continue
+            largest = _LIMIT_MAXIMA[item.name]
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= largest:
+                raise ValueError(
+                    f"SandboxLimits.{item.name} must be an integer in [1, {largest}], got {value!r} "
+                    "(a larger one is no limit at all)"
+                )
+
+
+#: the largest value of each count or size in :class:`SandboxLimits`: beyond these a limit no longer
+#: protects the node (a pid cgroup past the kernel's ``pid_max``, a quota past any disk)
+_LIMIT_MAXIMA = {
+    "max_output_bytes": 1 << 30,
+    "max_read_bytes": 1 << 30,
+    "max_search_matches": 1_000_000,
+    "max_diff_chars": 1 << 30,
+    "max_processes": 1 << 22,
+    "max_workspace_bytes": 1 << 40,
+    "max_workspace_inodes": 1 << 32,
+    "max_jail_memory_bytes": 1 << 40,
+}
 
 
 @dataclass(frozen=True)
@@ -665,8 +689,7 @@ class CodingSandbox:
     @staticmethod
     def _quota_watchdog(tops: list[int], limit: int) -> Callable[[], str | None]:
         def over_quota() -> str | None:
-            used = usage_over(tops, limit)
-            return None if used is None else f"the workspace went over its disk quota of {limit} bytes"
+            return quota_violation(tops, limit)
 
         return over_quota
 

@@ -7,9 +7,10 @@ call can never fill the host disk first and be cleaned up after. tmpfs lives in 
 a sandbox holds at most its quota there, only what its files really use.
 
 Elsewhere the directories are plain; the quota is then enforced by a *watchdog*: the jail checks
-the tree's size every 0.25 s during the call (:func:`usage_over`) and stops the command when it
-is over, and the sandbox deletes the largest files after the call. Between two checks a fast
-writer can go past the quota by what it writes in 0.25 s (plus the 64 MiB per-file limit).
+the tree's size every 0.25 s during the call (:func:`quota_violation`) and stops the command when it
+is over, or when it nests directories deeper than the check can count; the sandbox deletes the
+largest files after the call. Between two checks a fast writer can go past the quota by what it
+writes in 0.25 s (plus the 64 MiB per-file limit).
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ import os
 import tempfile
 from collections.abc import Sequence
 
-from verl_credit.envs.coding.beneath import walk
+from verl_credit.envs.coding.beneath import MAX_DEPTH, walk
 
-__all__ = ["mount_size_limited", "size_limited_mounts_available", "unmount", "usage_over"]
+__all__ = ["mount_size_limited", "quota_violation", "size_limited_mounts_available", "unmount"]
 
 _LOG = logging.getLogger(__name__)
 _MS_NOSUID = 0x2
@@ -81,13 +82,18 @@ def size_limited_mounts_available() -> bool:
     return limited
 
 
-def usage_over(directories: Sequence[int], limit: int) -> int | None:
-    """Bytes the files under the directory descriptors use, or None when that is at most ``limit``
-    (the walk stops as soon as the total is over)."""
+def quota_violation(directories: Sequence[int], limit: int) -> str | None:
+    """Why the files under the directory descriptors break the disk quota, or None when they do not:
+    more than ``limit`` bytes (the walk stops as soon as the total is over), or directories nested
+    deeper than :data:`~verl_credit.envs.coding.beneath.MAX_DEPTH` levels, below which the walk
+    cannot count (an unbounded walk would need one open descriptor per level)."""
     used = 0
+    too_deep: list[tuple[str, ...]] = []
     for top in directories:
-        for _, entry in walk(top):
+        for _, entry in walk(top, too_deep=too_deep):
             used += entry.size
             if used > limit:
-                return used
+                return f"the workspace went over its disk quota of {limit} bytes"
+        if too_deep:
+            return f"the workspace nests directories deeper than {MAX_DEPTH} levels, which the disk quota cannot count"
     return None
