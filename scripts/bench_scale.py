@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Scale of ``verl-credit route`` and ``annotate`` (issue 13, item 10): time in actions, memory of
+"""Scale of ``verl-credit route`` and ``annotate``: time in actions, memory of
 one huge message, memory of ``route`` in lines (streaming vs in memory).
 
 Every row runs the CLI in a fresh process under ``/usr/bin/time -v`` (wall and CPU seconds, max RSS);

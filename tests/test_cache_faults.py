@@ -1,4 +1,4 @@
-"""GraphCache on a damaged, misplaced or read-only file (issue 13.9): never a raw sqlite traceback."""
+"""GraphCache on a damaged, misplaced or read-only file: never a raw sqlite traceback."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Coding roles and the call graph on the patterns real coding-agent logs show (issue 12 items 10, 11).
+"""Coding roles and the call graph on the patterns real coding-agent logs show.
 
 Transcripts are written in the shapes mini-swe-agent / SWE-agent / OpenHands runs take on SWE-bench
 (a bash tool, a test runner of the project's own, a reproduction script, a submission step):

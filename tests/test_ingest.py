@@ -1,4 +1,4 @@
-"""Gateway-log ingestion (issue 7 item 1): both API formats, interleaved sessions, retries, streaming,
+"""Gateway-log ingestion: both API formats, interleaved sessions, retries, streaming,
 prefix continuity, token accounting, malformed records."""
 
 from __future__ import annotations
@@ -231,7 +231,7 @@ def test_history_not_generated_by_a_logged_call_gets_zero_tokens(tmp_path: Path)
             1,
             "request.messages[0].role",
         ),
-        # (issue 16) an empty `choices`, a cut-off tool input and bad JSON in one SSE line are response-side:
+        # an empty `choices`, a cut-off tool input and bad JSON in one SSE line are response-side:
         # no longer fatal, a failed or flagged call -- see tests/test_ingest_traffic.py
         ('{"session_id": "s", "reward": "yes"}\n', 1, "field 'reward'"),
     ],

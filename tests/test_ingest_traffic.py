@@ -1,4 +1,4 @@
-"""Gateway-log ingestion that survives real API traffic (issue 16).
+"""Gateway-log ingestion that survives real API traffic.
 
 Every payload here is synthetic, written for these tests in the shapes the providers use: cut-off
 Anthropic streams, in-stream errors (Groq, OpenRouter, Anthropic), a wrong ``--format``, replies
@@ -228,7 +228,7 @@ def test_a_cut_off_dead_end_the_client_moved_on_from_is_no_branch(tmp_path: Path
 @pytest.mark.parametrize(
     ("line", "kind", "field"),
     [
-        # these three were fatal before issue 16 (they aborted the whole log)
+        # these three were once fatal (they aborted the whole log)
         ({"request": o_request(), "response": {"choices": []}}, "unparseable", "field 'response.choices'"),
         (
             {"request": o_request(), "stream": ['data: {"choices": [{"delta": {"content": "Let']},

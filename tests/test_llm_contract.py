@@ -1,4 +1,4 @@
-"""The LLM annotator's answer contract and endpoint handling (issue 12 item 8), on real sockets.
+"""The LLM annotator's answer contract and endpoint handling, on real sockets.
 
 Every case runs against the local OpenAI-compatible stub server (tests/openai_stub_server.py) with
 the fault injected there, and every server is stopped by its fixture / ``with`` block:

@@ -1,4 +1,4 @@
-"""Tests that pin the math (issue 15, item 5): every ``verl-credit route`` flag and every ``credit.*``
+"""Tests that pin the math: every ``verl-credit route`` flag and every ``credit.*``
 math key must visibly reach the numbers.
 
 A structure audit mutated the code and the suite still passed (``beta_minus`` replaced by

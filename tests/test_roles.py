@@ -96,7 +96,7 @@ def test_undecidable_calls_are_flagged_ambiguous(tool: str, arguments: dict) -> 
         ("perl -pi -e 's/x/y/' a.pl", AE),
         ("echo 'x = 1' > cfg.py", AE),
         ("cat <<'EOF' > src/new.py\nprint('hi')\nEOF", AE),  # heredoc into a file
-        ("git diff > /tmp/fix.patch", IG),  # a read whose output is saved as a patch: no edit (issue 12)
+        ("git diff > /tmp/fix.patch", IG),  # a read whose output is saved as a patch: no edit
         ("find . -name '*.pyc' | xargs rm -f", AE),  # the command xargs runs counts
         ("find . -name '*.py' | xargs grep -l TODO", IG),
         ("printf 'a\\n' | tee notes.txt", AE),
@@ -149,7 +149,7 @@ def test_content_signal_decides_only_when_the_tool_does_not() -> None:
     assert classify_tool_call("Bash", {"command": "git diff"}, diff).role == IG
     # a script whose output is test-runner output is verification
     assert classify_tool_call("Bash", {"command": "python check.py"}, "Ran 3 tests in 0.01s\n\nOK").role == RV
-    # a script run whose output holds a traceback checks behaviour: verification (issue 12)
+    # a script run whose output holds a traceback checks behaviour: verification
     traceback = 'Traceback (most recent call last):\n  File "r.py", line 1\nValueError: x'
     assert classify_tool_call("Bash", {"command": "python r.py"}, traceback).role == RV
     # ... a traceback in the output of a known read does not make it one

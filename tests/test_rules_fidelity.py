@@ -1,4 +1,4 @@
-"""Rule annotator fidelity (issue 12, items 1-7): the classes of error found on real service transcripts,
+"""Rule annotator fidelity: the classes of error found on real service transcripts,
 each shown on a small dialogue written for this project (invented customers, ids and tools).
 
 1. false user rejections; 2. free-text arguments bind nothing, a day inside a date in prose is not a

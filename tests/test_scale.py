@@ -1,4 +1,4 @@
-"""Scale (issue 13, item 10): linear cost in actions, bounded memory for a huge message, and a
+"""Scale: linear cost in actions, bounded memory for a huge message, and a
 streaming ``route`` that holds one group at a time.
 
 No wall-clock assertions (CI is a loaded 2-core box): linearity is shown by counting Python

@@ -1,4 +1,4 @@
-"""``verl-credit weakness``: credit by role and the three systematic weaknesses (issue 7 item 5)."""
+"""``verl-credit weakness``: credit by role and the three systematic weaknesses."""
 
 from __future__ import annotations
 
@@ -159,7 +159,7 @@ def test_compute_weakness_report_directly() -> None:
     assert report["roles"]["AE"]["mean_advantage_failure"] is None
 
 
-# -- issue 12 item 12: the credit file's roles, null kept; descriptions never empty -----------------
+# -- the credit file's roles, null kept; descriptions never empty -----------------
 AMBIGUOUS_RUN = [
     {  # a read, an edit, a script run whose output checks nothing (the rules cannot classify it), a test
         "id": "s1",

@@ -53,7 +53,7 @@ __all__ = [
 NONFINITE_METRICS: tuple[str, ...] = ("credit/nonfinite_rewards", "credit/nonfinite_advantages")
 
 #: the metrics the trainer logs every step: DESIGN.md section 6, plus ``credit/zero_adv_groups``
-#: (issue 11: the share of GRPO groups whose advantages are all 0; not in DESIGN)
+#: (the share of GRPO groups whose advantages are all 0; not in DESIGN)
 DESIGN_METRICS: tuple[str, ...] = (
     "credit/fallback_rate",
     "credit/repaired_edges",

@@ -281,7 +281,7 @@ def test_call_credit_call_graph_built_in_the_loop(chatml_tokenizer, tiny_model, 
     assert set(graph.roles) <= {"IG", "AE", "RV"} and credit["annotation"]["source"] == "roles"
 
 
-# ---------------------------------------------------------------- cluster readiness (issue 11)
+# ---------------------------------------------------------------- cluster readiness
 
 NESTED_TOOL = {
     "type": "function",

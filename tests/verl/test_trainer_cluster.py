@@ -1,4 +1,4 @@
-"""Cluster readiness of ``CreditTrainerSync`` (issue 11).
+"""Cluster readiness of ``CreditTrainerSync``.
 
 * per_request layout: the optimizer updates per step equal merged's. The actor worker group is a
   stub that splits the batch exactly like verl 0.9.1's ``TrainingWorker.train_mini_batch`` (its
