@@ -11,7 +11,9 @@
 # Every knob below is an environment variable; the overrides passed last win (Hydra).
 #
 # Several Ray nodes: NNODES=N RAY_ADDRESS=<head ip:port> connects to a running cluster of N nodes (each
-# started with one logical GPU: `ray start ... --num-gpus=1`) instead of starting Ray: trainer.nnodes=N
+# started with one logical GPU and at least 6 CPUs: `ray start ... --num-gpus=1 --num-cpus=6`; verl's
+# resource pool reserves 3 CPUs with each GPU and TransferQueue's controller and storage actors take 1
+# CPU each, on any node, and a pool that does not fit waits forever) instead of starting Ray: trainer.nnodes=N
 # with one GPU per node, one agent-loop worker per node (verl places them round-robin), the per-GPU
 # micro-batches split by N, and the CPU exports below handed to every worker through the job's
 # runtime_env (the cluster's processes were not started from this shell). The cluster is the caller's

@@ -1,7 +1,8 @@
 """Two Ray nodes on one machine: the CPU training of ``recipes/cpu/train.sh`` with ``NNODES=2``.
 
 A head and a second ``ray start --address ...`` (``tests/local_ray_cluster.py``), both on 127.0.0.1,
-each with its own resources (4 CPUs, 1 logical GPU, a ``node_a``/``node_b`` marker); the recipe
+each with its own resources (6 CPUs: verl's pool bundle takes 3 with the GPU and TransferQueue's two
+actors 1 each, on either node; 1 logical GPU; a ``node_a``/``node_b`` marker); the recipe
 connects to them (``RAY_ADDRESS``) instead of starting Ray. The run is IAPO for 2 steps on the built-in
 service world with the LLM annotator pointed at a loopback stub server that answers uniform graphs
 (``tests/openai_stub_server.py --responder uniform-graph``), so the sessions on both nodes call an
@@ -167,7 +168,7 @@ def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     stub = StubAnnotator(python)
     cluster = LocalRayCluster(
         str(venv / "bin" / "ray"),
-        [RayNodeSpec(4, 1, {"node_a": 1}), RayNodeSpec(4, 1, {"node_b": 1})],
+        [RayNodeSpec(6, 1, {"node_a": 1}), RayNodeSpec(6, 1, {"node_b": 1})],
         python=str(python),
         start_timeout_s=180,
     )
