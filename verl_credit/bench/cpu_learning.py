@@ -72,6 +72,14 @@ CREDIT_MEANS: tuple[str, ...] = (
     "actor/grad_norm",
     "response_length/mean",
     "num_turns/mean",
+    # InfoPO's masked-feedback passes and verl's own stage timings: the passes' share of a step
+    "credit/info_gain_seconds",
+    "credit/info_gain_token_ratio",
+    "timing_s/step",
+    "timing_s/gen",
+    "timing_s/old_log_prob",
+    "timing_s/update_actor",
+    "timing_s/adv",
 )
 
 
