@@ -221,7 +221,9 @@ def tau2_records(data: dict[str, Any], tag: str) -> Iterator[dict[str, Any]]:
     """tau2 ``results.json`` -> records (the conversion of ``scripts/bench_rules_fidelity.py``)."""
     import sys
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    scripts = str(Path(__file__).resolve().parent)
+    if scripts not in sys.path:
+        sys.path.insert(0, scripts)
     from bench_rules_fidelity import convert_simulation, domain_tools
 
     env = (data.get("info") or {}).get("environment_info") or {}
@@ -373,7 +375,9 @@ def moatless_record(data: dict[str, Any], tag: str) -> dict[str, Any] | None:
             thought = _text(request.pop("scratch_pad", ""))
             call_id = f"call_{calls}"
             calls += 1
-            call = {"id": call_id, "type": "function", "function": {"name": transition.get("name"), "arguments": ""}}
+            # a state without a name is still a call (the loader refuses a nameless tool call)
+            name = transition.get("name") if isinstance(transition.get("name"), str) else "unnamed_state"
+            call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}
             call["function"]["arguments"] = json.dumps(request)
             messages.append({"role": "assistant", "content": thought, "tool_calls": [call]})
             response = action.get("response") or {}
