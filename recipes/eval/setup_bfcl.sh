@@ -10,10 +10,15 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 BFCL_VENV=${BFCL_VENV:-$REPO/.cpu-train/bfcl-venv}
 BFCL_EVAL_VERSION=${BFCL_EVAL_VERSION:-2026.3.23}
 PYTHON=${PYTHON:-python3}
-if [[ "$(cat "$BFCL_VENV/.bfcl-eval" 2>/dev/null)" != "$BFCL_EVAL_VERSION" ]]; then
+# qwen-agent, which bfcl-eval's Qwen handlers import, imports soundfile without declaring it
+# (qwen-agent 0.0.34: qwen_agent/utils/utils.py), so `bfcl generate` dies on a fresh venv without it
+UNDECLARED_DEPS="soundfile==0.14.0"
+MARKER="$BFCL_EVAL_VERSION $UNDECLARED_DEPS"
+if [[ "$(cat "$BFCL_VENV/.bfcl-eval" 2>/dev/null)" != "$MARKER" ]]; then
     rm -rf "$BFCL_VENV"
     "$PYTHON" -m venv "$BFCL_VENV"
-    timeout 1800 "$BFCL_VENV/bin/python" -m pip install --quiet "bfcl-eval==$BFCL_EVAL_VERSION" >&2
-    echo "$BFCL_EVAL_VERSION" > "$BFCL_VENV/.bfcl-eval"
+    # shellcheck disable=SC2086  # the undeclared dependencies are separate words
+    timeout 1800 "$BFCL_VENV/bin/python" -m pip install --quiet "bfcl-eval==$BFCL_EVAL_VERSION" $UNDECLARED_DEPS >&2
+    echo "$MARKER" > "$BFCL_VENV/.bfcl-eval"
 fi
 echo "$BFCL_VENV/bin/python"
