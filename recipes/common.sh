@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Shared part of the training recipes (sourced by recipes/{grpo,iapo,ablations,call_credit}/*.sh; not run directly).
 #
-# The paper's setup (DESIGN.md section 7): verl GRPO with FSDP, vLLM rollout, N=16 rollouts per task, at most 30
+# The paper's setup (docs/design.md section 7): verl GRPO with FSDP, vLLM rollout, N=16 rollouts per task, at most 30
 # assistant turns, Qwen3 thinking off, tau2-bench train split (airline 30 + retail 74 + telecom 74 = 178 tasks),
 # 8 GPUs per node. Validation runs on a split carved out of train (scripts/prepare_tau2.py: 25 tasks, seed 0, so
 # training runs on the other 153), never on tau2's test split: that one is only for recipes/eval/tau2_eval.sh.
@@ -58,7 +58,7 @@
 #                       (actor.data_loader_seed) and the actor's and reference's FSDP init (*.fsdp_config.seed); the paper's tables average three (recipes/paper/run_all.sh)  [42]
 #   DRY_RUN=1           print the composed config (Hydra --cfg job --resolve) and stop before Ray starts
 #   PYTHON              interpreter                                                           [python3]
-# TRAIN_BATCH_SIZE, LR and TOTAL_EPOCHS are not given in DESIGN.md section 7; the defaults are ours.
+# TRAIN_BATCH_SIZE, LR and TOTAL_EPOCHS are not given in docs/design.md section 7; the defaults are ours.
 
 PYTHON=${PYTHON:-python3}
 DRY_RUN=${DRY_RUN:-0}

@@ -75,7 +75,7 @@ def _text(value: Any) -> str:
 def convert_simulation(
     sim: dict[str, Any], policy: str, tools: list[dict[str, Any]] | None, tag: str
 ) -> dict[str, Any]:
-    """One tau2 simulation -> a rollouts-JSONL record (DESIGN.md section 8)."""
+    """One tau2 simulation -> a rollouts-JSONL record (docs/design.md section 8)."""
     messages: list[dict[str, Any]] = []
     if policy:
         messages.append({"role": "system", "content": policy})

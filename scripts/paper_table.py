@@ -9,7 +9,7 @@ Reads one folder per training run, laid out as ``recipes/paper/run_all.sh`` writ
 paper's layout:
 
 * Table 1: domain-macro pass^1 as mean +- std over seeds (Bessel std; 0 for one seed), the
-  difference to grpo of the same model, the paper's number and difference (DESIGN.md section 7)
+  difference to grpo of the same model, the paper's number and difference (docs/design.md section 7)
   beside ours, and the BFCL-v4 multi-turn accuracy where it was measured;
 * Table 2: per domain (airline, retail, telecom) and macro, pass^1..pass^k (k = the fewest trials,
   4 in the recipes), each mean +- std over seeds.
@@ -45,7 +45,7 @@ BASELINE = "grpo"
 TAU2_RESULTS = Path("tau2") / "results.jsonl"
 BFCL_SUMMARY = Path("bfcl") / "summary.json"
 
-#: the paper's numbers (DESIGN.md section 7; the 4B GiGPO / InfoPO and the BFCL-v4 multi-turn numbers
+#: the paper's numbers (docs/design.md section 7; the 4B GiGPO / InfoPO and the BFCL-v4 multi-turn numbers
 #: are the paper's Table 1 as the project's issue tracker quotes them; the BFCL pair is the paper's
 #: main setting, Qwen3-8B). ``macro`` is domain-macro pass^1 in percent.
 PAPER: dict[tuple[str, str], dict[str, float]] = {
@@ -62,10 +62,10 @@ PAPER: dict[tuple[str, str], dict[str, float]] = {
     ("qwen3_8b", "clip_c_0p5"): {"macro": 42.29},
     ("qwen3_8b", "annotator_swap"): {"macro": 40.90},
 }
-#: paper numbers DESIGN.md gives without saying which run they belong to
+#: paper numbers docs/design.md gives without saying which run they belong to
 PAPER_NOTES: dict[tuple[str, str], str] = {
-    ("qwen3_8b", "neg_route_support"): "41.88 or 41.46 (unattributed in DESIGN.md)",
-    ("qwen3_8b", "neg_route_projected"): "41.88 or 41.46 (unattributed in DESIGN.md)",
+    ("qwen3_8b", "neg_route_support"): "41.88 or 41.46 (unattributed in docs/design.md)",
+    ("qwen3_8b", "neg_route_projected"): "41.88 or 41.46 (unattributed in docs/design.md)",
 }
 _SEED = re.compile(r"seed(\d+)$")
 
@@ -229,7 +229,7 @@ def _number(value: float | None, signed: bool = False) -> str:
 def markdown(table: Mapping[tuple[str, str], Aggregate]) -> str:
     """Table 1 (domain-macro pass^1, BFCL) and Table 2 (per domain, pass^1..k) in markdown."""
     lines = [
-        "Table 1: tau2-bench domain-macro pass^1 (%), mean ± std over seeds; paper: DESIGN.md section 7",
+        "Table 1: tau2-bench domain-macro pass^1 (%), mean ± std over seeds; paper: docs/design.md section 7",
         "",
         "| model | estimator | seeds | pass^1 (ours) | Δ grpo (ours) | pass^1 (paper) | Δ grpo (paper) "
         "| BFCL-v4 MT (ours) | BFCL-v4 MT (paper) |",

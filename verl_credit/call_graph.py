@@ -1,4 +1,4 @@
-"""The causal call graph of CALL-CREDIT (DESIGN.md section 2.2): roles plus read -> edit -> verify edges.
+"""The causal call graph of CALL-CREDIT (docs/design.md section 2.2): roles plus read -> edit -> verify edges.
 
 ``roles`` always holds a usable role per call (rules, then the position prior as a tie-break);
 ``ambiguous[i]`` is True when the rules alone could not decide call ``i`` -- the credit JSONL then

@@ -1,4 +1,4 @@
-"""Typed settings of the credit estimators: one source for every default in DESIGN.md.
+"""Typed settings of the credit estimators: one source for every default in docs/design.md.
 
 The Hydra node ``credit`` (``verl_credit/config/credit_trainer.yaml``) mirrors these dataclasses;
 the CLI flags build the same objects. Every field declares its type and allowed range
@@ -64,7 +64,7 @@ WEIGHT = Number(0.0, MAX_WEIGHT)
 
 @dataclass(frozen=True)
 class IAPOConfig:
-    """IAPO routing (DESIGN.md section 3)."""
+    """IAPO routing (docs/design.md section 3)."""
 
     beta_plus: float = setting(0.05, Number(0.0, MAX_TILT))
     """Tilt of the positive branch away from error-heavy actions (0 = support only)."""
@@ -83,7 +83,7 @@ class IAPOConfig:
 
 @dataclass(frozen=True)
 class CounterfactualConfig:
-    """``credit.call_credit.counterfactual``: counterfactual calibration of AE calls (DESIGN.md section 4).
+    """``credit.call_credit.counterfactual``: counterfactual calibration of AE calls (docs/design.md section 4).
 
     Each step, the ``budget`` AE calls with the largest ``|A_i|`` are replayed through the session's
     environment with the call's tool call replaced (``proposer``); ``Delta_k = R(tau) - R(tau')`` and
@@ -117,6 +117,7 @@ class IGDownweightConfig:
     per step (same environment, proposer, concurrency and timeout as ``counterfactual``)."""
 
     enabled: bool = setting(False, Switch())
+    """Switch (replays through the environment, as ``counterfactual``: needs ``replay``, e.g. the coding sandbox)."""
     budget: int = setting(4, Number(0, MAX_COUNT, integer=True))
     """IG calls replayed per training step."""
     theta_ig: float = setting(0.5, Number())
@@ -136,13 +137,15 @@ class AdaptiveOmegaConfig:
     replays measured one), clipped to ``[omega_min, omega_max]``; the next step uses it."""
 
     enabled: bool = setting(False, Switch())
+    """Switch; the adapted omega is kept in checkpoints (``credit_state.json``)."""
     rho: float = setting(0.1, SHARE)
     """Step of omega toward its target, in [0, 1]."""
     ema_beta: float = setting(0.1, FACTOR)
     """Weight of the newest step in the EMAs, in (0, 1]."""
     omega_min: float = setting(0.1, Number(0.0, MAX_WEIGHT, low_open=True))
+    """Lower bound of each adapted role weight."""
     omega_max: float = setting(2.0, Number(0.0, MAX_WEIGHT, low_open=True))
-    """At least ``omega_min``."""
+    """Upper bound of each adapted role weight; at least ``omega_min``."""
 
     def __post_init__(self) -> None:
         prefix = "credit.call_credit.adaptive_omega"
@@ -182,7 +185,7 @@ CALL_CREDIT_PARTS: dict[str, type] = {
 
 @dataclass(frozen=True)
 class CallCreditConfig:
-    """CALL-CREDIT decomposition (DESIGN.md section 4)."""
+    """CALL-CREDIT decomposition (docs/design.md section 4)."""
 
     mode: str = setting("mass_conserving", Choice(CALL_CREDIT_MODES))
     """``mass_conserving`` (w = L s / sum L s) or ``paper`` (A_i = A s_i T)."""
@@ -234,7 +237,7 @@ class CallCreditConfig:
 
 @dataclass(frozen=True)
 class GiGPOConfig:
-    """``credit.gigpo``: GiGPO's episode + anchor-state step advantage (DESIGN.md section 4b)."""
+    """``credit.gigpo``: GiGPO's episode + anchor-state step advantage (docs/design.md section 4b)."""
 
     step_advantage_w: float = setting(1.0, WEIGHT)
     """Weight of the step advantage ``A^S`` added to the episode advantage."""
@@ -253,7 +256,7 @@ class GiGPOConfig:
 
 @dataclass(frozen=True)
 class TurnRewardConfig:
-    """``credit.turn_reward``: per-turn environment rewards with a leave-one-out baseline (DESIGN 4b)."""
+    """``credit.turn_reward``: per-turn environment rewards with a leave-one-out baseline (docs/design.md 4b)."""
 
     lambda_turn: float = setting(1.0, WEIGHT)
     """Weight of ``G_i - b_i`` added to the outcome advantage."""

@@ -1,4 +1,4 @@
-"""Credit JSONL records (DESIGN.md section 8), written by ``verl-credit route`` and the demo.
+"""Credit JSONL records (docs/design.md section 8), written by ``verl-credit route`` and the demo.
 
 One line per trajectory::
 

@@ -1,4 +1,4 @@
-"""DPO pairs from counterfactual replays (DESIGN.md section 4, "Curation exports").
+"""DPO pairs from counterfactual replays (docs/design.md section 4, "Curation exports").
 
 One JSONL line per replayed AE call with ``|Delta| > theta_ae``::
 

@@ -1,4 +1,4 @@
-"""The typed influence-dependency graph (DESIGN.md section 2.1): schema, validation, repair, degrees.
+"""The typed influence-dependency graph (docs/design.md section 2.1): schema, validation, repair, degrees.
 
 ``G = (V, E+, E-, e, u)`` over the actions of one trajectory. Every edge ``(src, dst)`` has
 ``src < dst``. ``+`` edges are support-use (types ``input`` and ``success_utilization``); ``-``
@@ -118,7 +118,7 @@ class InfluenceGraph:
         return table
 
     def degrees(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(d_plus, d_minus, d_in)`` of shape ``(num_actions,)`` each (DESIGN.md section 3).
+        """``(d_plus, d_minus, d_in)`` of shape ``(num_actions,)`` each (docs/design.md section 3).
 
         ``d_plus[i]`` = number of ``+`` edges out of ``i``, ``d_minus[i]`` = number of ``-``
         edges out of ``i``, ``d_in[i]`` = ``u_i`` + number of ``+`` edges into ``i``.

@@ -1,4 +1,4 @@
-"""JSONL files of DESIGN.md section 8 with errors that name the file, the line and the field.
+"""JSONL files of docs/design.md section 8 with errors that name the file, the line and the field.
 
 The reader is strict about what JSON may carry (every problem is an :class:`InputError` whose
 text names ``file:line``): the file must be UTF-8, strings may not hold lone surrogates,

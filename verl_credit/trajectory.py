@@ -1,4 +1,4 @@
-"""Chat transcript -> actions, observations, provenance and token spans (DESIGN.md section 2).
+"""Chat transcript -> actions, observations, provenance and token spans (docs/design.md section 2).
 
 A trajectory is one rollout of one task. Its *actions* are the assistant messages (the only
 trainable unit); every other message is an *observation*. Provenance links each observation to
@@ -217,7 +217,7 @@ class Trajectory:
 
     @classmethod
     def from_record(cls, record: Any) -> Trajectory:
-        """Build a trajectory from one rollouts-JSONL object (DESIGN.md section 8)."""
+        """Build a trajectory from one rollouts-JSONL object (docs/design.md section 8)."""
         if not isinstance(record, dict):
             raise TrajectoryError("<record>", f"expected a JSON object, got {type(record).__name__}")
         for required in ("id", "messages"):

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Ablation (IAPO paper, Qwen3-8B on tau2-bench; DESIGN.md section 7): swap the annotator model.
+# Ablation (IAPO paper, Qwen3-8B on tau2-bench; docs/design.md section 7): swap the annotator model.
 # Expected (held-out test, domain-macro pass^1): Gemma4-31B annotator 40.90 (Qwen3-32B annotator: 42.18; GRPO 29.61).
 # Any model served behind an OpenAI-compatible endpoint works: serve it in the annotator's place and pass its
 # served name; scripts/serve_annotator.sh picks the reasoning parser from the model (none for Gemma: vLLM's qwen3

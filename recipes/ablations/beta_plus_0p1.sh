@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Ablation (IAPO paper, Qwen3-8B on tau2-bench; DESIGN.md section 7): beta+ = 0.1 (twice the default tilt).
+# Ablation (IAPO paper, Qwen3-8B on tau2-bench; docs/design.md section 7): beta+ = 0.1 (twice the default tilt).
 # Expected (held-out test, domain-macro pass^1): 33.96
 #   reference points: IAPO (beta+=0.05, c=0.25, neg_route=error) 42.18; GRPO 29.61.
 # Everything else is recipes/iapo/qwen3_8b_tau2.sh (same knobs; "$@" is passed through as Hydra overrides).

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # CALL-CREDIT, Qwen3-8B on the built-in coding sandbox (environment "coding": bug-fix tasks in jailed git repos,
-# reward = hidden tests; DESIGN.md section 4). Each model call is classified IG / AE / RV by the rule annotator,
+# reward = hidden tests; docs/design.md section 4). Each model call is classified IG / AE / RV by the rule annotator,
 # the causal call graph splits the GRPO trajectory advantage over calls (call_credit.mode=mass_conserving).
-# Expected: DESIGN.md section 7 has no CALL-CREDIT reference numbers; compare against the GRPO baseline
+# Expected: docs/design.md section 7 has no CALL-CREDIT reference numbers; compare against the GRPO baseline
 # (recipes/call_credit/grpo_qwen3_8b_coding.sh) on hidden-test pass rate and credit/reward_hacking_rate.
 # Hardware: 1 node x 8 GPUs. No simulated user and no annotator server (roles come from rules).
 #

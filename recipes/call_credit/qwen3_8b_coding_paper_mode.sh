@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CALL-CREDIT with the seed's literal decomposition (call_credit.mode=paper: A_i = A * s_i * T, no mass
-# conservation; DESIGN.md section 4), Qwen3-8B on the coding sandbox, for comparison with mass_conserving.
-# Expected: no reference numbers in DESIGN.md section 7.
+# conservation; docs/design.md section 4), Qwen3-8B on the coding sandbox, for comparison with mass_conserving.
+# Expected: no reference numbers in docs/design.md section 7.
 # Everything else is recipes/call_credit/qwen3_8b_coding.sh ("$@" passed through; DRY_RUN=1 prints the config).
 set -xeuo pipefail
 

@@ -2,7 +2,7 @@
 # Evaluate a checkpoint on tau2-bench's held-out test split (airline 20 + retail 40 + telecom 40 tasks), 4 trials
 # per task, max 30 assistant turns, thinking off; prints pass^1..pass^4 per domain and the domain-macro mean as
 # tau2 defines them (pass^k = C(successes, k) / C(trials, k), averaged over tasks; verl_credit/envs/tau2/evaluate.py).
-# Expected domain-macro pass^1 (DESIGN.md section 7): Qwen3-8B GRPO 29.61 (airline 22.78, retail 44.31, telecom
+# Expected domain-macro pass^1 (docs/design.md section 7): Qwen3-8B GRPO 29.61 (airline 22.78, retail 44.31, telecom
 # 21.74), IAPO 42.18 (airline 29.72, retail 56.88, telecom 39.93); Qwen3-4B GRPO 34.79, IAPO 38.40.
 #
 # Steps: (1) a verl FSDP checkpoint (…/global_step_N/actor) is merged to a Hugging Face model with

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# GiGPO baseline, Qwen3-8B on tau2-bench (the IAPO paper's Table 1 comparator; DESIGN.md section 4b).
+# GiGPO baseline, Qwen3-8B on tau2-bench (the IAPO paper's Table 1 comparator; docs/design.md section 4b).
 #
 # Same setup as recipes/grpo/qwen3_8b_tau2.sh and recipes/iapo/qwen3_8b_tau2.sh (verl/FSDP, N=16,
 # max 30 turns, thinking off, 178-task train split); only the advantage differs: the episode
 # advantage plus GiGPO's step advantage over anchor-state groups (verl-agent defaults: weight 1,
 # gamma 0.95, mean_norm, exact-prefix states). Watch credit/anchor_match_rate: the paper's argument
 # is that free-form dialogue rarely repeats a state beyond the first turn. The paper reports no
-# GiGPO number for tau2 here (DESIGN.md section 7): this recipe has none to reproduce.
+# GiGPO number for tau2 here (docs/design.md section 7): this recipe has none to reproduce.
 # Hardware: 1 node x 8 GPUs for training + the simulated user's server on other GPUs (docs/cluster.md).
 #
 #   python scripts/prepare_tau2.py --out ~/data/tau2     # train 153 + val 25 (carved out of train) + test 100 tasks

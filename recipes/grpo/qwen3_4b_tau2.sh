@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# GRPO baseline, Qwen3-4B on tau2-bench (IAPO paper, Qwen3-4B GRPO row; DESIGN.md section 7).
+# GRPO baseline, Qwen3-4B on tau2-bench (IAPO paper, Qwen3-4B GRPO row; docs/design.md section 7).
 #
 # Reproduces: verl/FSDP GRPO, N=16, max 30 turns, thinking off, trained on the 178-task train split.
 # Expected (held-out test, 20/40/40 tasks x 4 trials, domain-macro pass^1, recipes/eval/tau2_eval.sh):
-#   GRPO 34.79   vs   IAPO 38.40 (recipes/iapo/qwen3_4b_tau2.sh); per-domain numbers are not in DESIGN.md
+#   GRPO 34.79   vs   IAPO 38.40 (recipes/iapo/qwen3_4b_tau2.sh); per-domain numbers are not in docs/design.md
 # Hardware: 1 node x 8 GPUs (paper: 8xH20) for training + the simulated user's server on other GPUs (docs/cluster.md).
 #
 #   python scripts/prepare_tau2.py --out ~/data/tau2     # train 153 + val 25 (carved out of train) + test 100 tasks

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GRPO baseline, Qwen3-8B on tau2-bench (IAPO paper's GRPO row; DESIGN.md section 7).
+# GRPO baseline, Qwen3-8B on tau2-bench (IAPO paper's GRPO row; docs/design.md section 7).
 #
 # Reproduces: verl/FSDP GRPO, N=16, max 30 turns, thinking off, trained on the 178-task train split.
 # Expected (held-out test, 20/40/40 tasks x 4 trials, domain-macro pass^1, recipes/eval/tau2_eval.sh):

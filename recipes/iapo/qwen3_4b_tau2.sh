@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# IAPO, Qwen3-4B on tau2-bench (IAPO paper, Qwen3-4B row; DESIGN.md section 7).
+# IAPO, Qwen3-4B on tau2-bench (IAPO paper, Qwen3-4B row; docs/design.md section 7).
 #
 # Reproduces: verl/FSDP GRPO with IAPO credit (algorithm.adv_estimator=iapo), N=16, max 30 turns, thinking off,
 # beta+=0.05, c=0.25, negative branch = error features; frozen annotator Qwen3-32B at temperature 0 (the LLM
 # annotator always samples at temperature 0) served by scripts/serve_annotator.sh on its own GPUs.
 # Expected (held-out test, 20/40/40 tasks x 4 trials, domain-macro pass^1, recipes/eval/tau2_eval.sh):
-#   IAPO 38.40   vs   GRPO 34.79 (recipes/grpo/qwen3_4b_tau2.sh); per-domain numbers are not in DESIGN.md;
+#   IAPO 38.40   vs   GRPO 34.79 (recipes/grpo/qwen3_4b_tau2.sh); per-domain numbers are not in docs/design.md;
 #   tool-call redundancy (credit/tool_call_redundancy) GRPO 46.00 -> IAPO 29.74 at 4B
 # Hardware: 1 node x 8 GPUs (paper: 8xH20) for training + 8 more GPUs for the annotator's and the simulated user's
 # servers (docs/cluster.md).

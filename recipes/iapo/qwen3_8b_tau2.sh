@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# IAPO, Qwen3-8B on tau2-bench: the IAPO paper's main result (DESIGN.md section 7).
+# IAPO, Qwen3-8B on tau2-bench: the IAPO paper's main result (docs/design.md section 7).
 #
 # Reproduces: verl/FSDP GRPO with IAPO credit (algorithm.adv_estimator=iapo), N=16, max 30 turns, thinking off,
 # beta+=0.05, c=0.25, negative branch = error features; frozen annotator Qwen3-32B at temperature 0 (the LLM

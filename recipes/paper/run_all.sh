@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every run of the IAPO paper's comparison, trained, evaluated and tabulated, resumable run by run.
 #
-# Reproduces (DESIGN.md section 7; the paper's Table 1 at 4B: GRPO 34.79, GiGPO 37.22, InfoPO 37.99, IAPO 38.40):
+# Reproduces (docs/design.md section 7; the paper's Table 1 at 4B: GRPO 34.79, GiGPO 37.22, InfoPO 37.99, IAPO 38.40):
 #   table1  grpo / iapo at Qwen3-8B (29.61 / 42.18) and Qwen3-4B (34.79 / 38.40), gigpo / info_gain at 4B,
 #           each over SEEDS (three seeds: mean +- std), evaluated on tau2-bench's held-out test split against a
 #           held-out user, and on BFCL-v4 multi-turn (IAPO 39.36 vs GRPO 39.04, Qwen3-8B)

@@ -350,7 +350,7 @@ def test_iapo_run_wrote_pages_of_a_success_and_a_failure_of_one_task(smoke: dict
 
 
 def test_iapo_runs_credit_page_renders_in_chromium(smoke: dict[str, Any], tmp_path: Path) -> None:
-    sys.path.insert(0, str(REPO / "tests"))
+    sys.path.insert(0, str(REPO / "tests" / "report"))
     from test_report import assert_not_blank, screenshot
 
     assert_not_blank(screenshot(_runs(smoke) / "iapo" / "credit_viz" / f"step_{STEPS}.html", tmp_path))
@@ -409,7 +409,7 @@ def tau2_run(smoke: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) ->
     import pandas as pd
     import torch
 
-    sys.path.insert(0, str(REPO / "tests"))
+    sys.path.insert(0, str(REPO / "tests" / "report"))
     from openai_stub_server import OpenAIStubServer
 
     from verl_credit.envs.tau2.domains import agent_tool_schemas, get_task

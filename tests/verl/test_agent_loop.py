@@ -28,6 +28,9 @@ from verl_helpers import (
 from verl_credit.annotate.base import ANNOTATORS, Annotator
 from verl_credit.graph import validate_graph
 
+#: slow: verl's agent loop on a tiny model
+pytestmark = pytest.mark.slow
+
 TASK = {"user_replies": ["card", "yes please"], "reward": 1.0}
 
 
@@ -119,7 +122,7 @@ def test_merged_spans_decode_to_messages(chatml_tokenizer, tiny_model, orders_en
 @pytest.mark.parametrize("layout", ["merged", "per_request"])
 def test_turn_limit_cut_restores_last_message(chatml_tokenizer, tiny_model, orders_env_cls, layout):
     """max_assistant_turns=2: verl stops after the 2nd generation without appending its message
-    (VERL_NOTES section 2); credit_agent appends it, so 2 spans <-> 2 assistant messages."""
+    (verl's agent loop ends there); credit_agent appends it, so 2 spans <-> 2 assistant messages."""
     tok = chatml_tokenizer
     server = TinyModelServer(tiny_model, tok, [TOOL_PLAN, "Let me check that for you."])
     config = _config("actor_rollout_ref.rollout.multi_turn.max_assistant_turns=2", f"credit.layout={layout}")

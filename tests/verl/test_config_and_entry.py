@@ -31,6 +31,9 @@ from verl_helpers import compose_credit_config
 
 from verl_credit.verl.settings import load_settings
 
+#: slow: Hydra composes of the full trainer config and entry-point subprocesses
+pytestmark = pytest.mark.slow
+
 # A valid non-default value for every leaf of the credit node (the test below fails when a key is
 # added to the yaml without being listed here).
 OVERRIDES: dict[str, tuple[str, object]] = {
@@ -149,7 +152,7 @@ def test_credit_config_extends_verls_ppo_trainer():
     config = compose_credit_config(["algorithm.adv_estimator=call_credit", "algorithm.norm_adv_by_std_in_grpo=false"])
     settings = load_settings(config)
     assert settings.estimator == "call_credit" and settings.credit.norm_adv_by_std_in_grpo is False
-    # defaults are DESIGN's
+    # the default settings
     settings = load_settings(compose_credit_config())
     assert (settings.credit.iapo.beta_plus, settings.credit.iapo.clip_c, settings.credit.iapo.neg_route) == (
         0.05,

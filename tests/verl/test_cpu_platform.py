@@ -16,6 +16,9 @@ from pathlib import Path
 import pytest
 import verl  # noqa: F401  (a required test dependency: a broken install fails, never skips)
 
+#: slow: fresh interpreters importing verl
+pytestmark = pytest.mark.slow
+
 PROBE = r"""
 import json, os
 import verl  # loads the verl.plugins entry points (ours imports the CPU registration first)

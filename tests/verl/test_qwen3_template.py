@@ -39,6 +39,9 @@ from pathlib import Path
 import pytest
 from verl_helpers import ScriptedTokenServer, compose_credit_config, qwen3_tokenizer, run_session_as
 
+#: slow: full agent-loop sessions under Qwen3's template
+pytestmark = pytest.mark.slow
+
 #: Qwen3's own chat template (tests/data/qwen3/NOTICE.md)
 OFFICIAL_TEMPLATE = Path(__file__).resolve().parents[1] / "data" / "qwen3" / "chat_template.jinja"
 OFFICIAL_SHA256 = "87a2728cb8dc9fe424d624542f6060ec05a1d285ebbec578bb078900e33396b5"

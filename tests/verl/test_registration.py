@@ -9,6 +9,9 @@ import sys
 
 import pytest
 
+#: slow: Ray actor and fresh interpreters
+pytestmark = pytest.mark.slow
+
 PROBE = """
 import json, sys
 {prelude}

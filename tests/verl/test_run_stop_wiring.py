@@ -23,6 +23,9 @@ from verl_helpers import compose_credit_config
 from verl_credit.graph import InfluenceGraph
 from verl_credit.verl.session_failures import SessionFailure, failed_session_output
 
+#: slow: verl trainer wiring on a tiny model
+pytestmark = pytest.mark.slow
+
 MESSAGES = [
     {"role": "user", "content": "refund please"},
     {"role": "assistant", "content": "checking"},

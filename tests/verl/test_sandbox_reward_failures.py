@@ -18,6 +18,9 @@ from verl_credit.envs.base import ENVIRONMENTS, register_environment
 from verl_credit.graph import GraphValidation, InfluenceGraph
 from verl_credit.verl.settings import load_settings
 
+#: slow: agent-loop sessions in the coding sandbox
+pytestmark = pytest.mark.slow
+
 TASK = {"user_replies": ["card", "yes please"], "reward": 1.0}
 
 

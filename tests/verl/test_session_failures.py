@@ -35,6 +35,9 @@ from verl_credit.verl.settings import load_settings
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from openai_stub_server import unused_port
 
+#: slow: agent-loop sessions against scripted servers
+pytestmark = pytest.mark.slow
+
 TASK = {"user_replies": ["card"], "reward": 1.0}
 PLANS = [
     '<tool_call>\n{"name": "get_order", "arguments": {"order_id": "#W12"}}\n</tool_call>',

@@ -334,7 +334,7 @@ def test_per_request_and_merged_layouts_give_identical_action_advantages(stored,
 @pytest.mark.timeout(180)
 def test_call_credit_routes_hand_built_call_graphs_with_fusion(stored, ray_tq):
     """cM: call graphs from the rollout (hand-built roles); token advantage of call i =
-    alpha * A + (1 - alpha) * A * w_i with alpha = 0.5 (DESIGN section 4, eq. 13)."""
+    alpha * A + (1 - alpha) * A * w_i with alpha = 0.5 (docs/design.md section 4, eq. 13)."""
     meta = batch_meta(ray_tq, ["cM_"])
     metrics: dict[str, float] = {}
     trainer = _trainer("credit", "algorithm.adv_estimator=call_credit", "credit.call_credit.alpha=0.5")

@@ -1,4 +1,4 @@
-"""The optional CALL-CREDIT parts (DESIGN section 4) in ``CreditTrainerSync._compute_advantage``,
+"""The optional CALL-CREDIT parts (docs/design.md section 4) in ``CreditTrainerSync._compute_advantage``,
 against a real local TransferQueue (rows written by ``credit_agent`` and verl's own TQ writer).
 
 Episodes (``xM`` merged, ``xP`` per_request; the same 3 sessions in each, rewards 1 / 0 / 0.5 ->

@@ -1,4 +1,4 @@
-"""Annotator audit: agreement of graph files of the same trajectories (DESIGN.md sections 5 and 8).
+"""Annotator audit: agreement of graph files of the same trajectories (docs/design.md sections 5 and 8).
 
 Each annotator is compared with the *reference* (the first file). Definitions:
 
@@ -14,7 +14,7 @@ Each annotator is compared with the *reference* (the first file). Definitions:
   ``kappa = (p_o - p_e) / (1 - p_e)``; 1 when ``p_e = 1`` (both used one and the same label
   everywhere), undefined (``nan``) without pairs.
 * ``spearman_m_pos`` / ``spearman_m_neg``: Spearman's rho (average ranks for ties) of the
-  per-action ``m+`` / ``m-`` (DESIGN.md section 3, eq. 3-5) pooled over all actions; ``nan``
+  per-action ``m+`` / ``m-`` (docs/design.md section 3, eq. 3-5) pooled over all actions; ``nan``
   when either side is constant (rho is undefined).
 * ``sign_agreement``: share of actions whose positive-branch routed weight ``w+`` (the weight an
   action gets when ``A > 0``, eq. 7) lies on the same side of 1 in both (above, below, or equal

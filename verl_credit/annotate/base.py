@@ -123,7 +123,7 @@ class AnnotationResult:
         return self.validation.fallback or self.source.startswith("fallback")
 
     def to_record(self, trajectory_id: str, annotator: str) -> dict[str, Any]:
-        """A line of the graphs JSONL (DESIGN.md section 8)."""
+        """A line of the graphs JSONL (docs/design.md section 8)."""
         record: dict[str, Any] = {"id": trajectory_id, "annotator": annotator}
         if self.source == "fallback:uniform" and self.error:
             record["graph"] = None

@@ -1,4 +1,4 @@
-"""Persistent annotation cache: sqlite on disk, shared by many processes (DESIGN.md section 5).
+"""Persistent annotation cache: sqlite on disk, shared by many processes (docs/design.md section 5).
 
 Key: ``sha256`` of the canonical JSON (sorted keys, compact, UTF-8) of
 ``[transcript messages, annotator name, model id, prompt version]``. Value: the serialized

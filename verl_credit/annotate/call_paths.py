@@ -1,4 +1,4 @@
-"""Paths, symbols and test outcomes of coding-agent calls (DESIGN.md section 2.2).
+"""Paths, symbols and test outcomes of coding-agent calls (docs/design.md section 2.2).
 
 What the causal call graph matches on:
 

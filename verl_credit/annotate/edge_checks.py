@@ -1,4 +1,4 @@
-"""The rules' binding checks applied to edges another annotator (the LLM) proposes (DESIGN.md 2.1).
+"""The rules' binding checks applied to edges another annotator (the LLM) proposes (docs/design.md 2.1).
 
 An edge's unit is a short string; when it names concrete values (ids, numbers, dates, emails,
 ``key=value`` pairs: the entity atoms of :mod:`verl_credit.annotate.rules_values`), the rules can

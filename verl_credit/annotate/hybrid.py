@@ -1,4 +1,4 @@
-"""Hybrid annotator: the rules first, the LLM only where the rules flag ``uncertain`` (DESIGN.md section 5).
+"""Hybrid annotator: the rules first, the LLM only where the rules flag ``uncertain`` (docs/design.md section 5).
 
 Every trajectory is annotated by the rule annotator (cheap, no model). A result the rules mark
 ``uncertain`` is escalated to the LLM annotator; should the LLM fail, the rules' own graph is the

@@ -1,4 +1,4 @@
-"""LLM annotator: a frozen model behind an OpenAI-compatible endpoint (DESIGN.md section 5).
+"""LLM annotator: a frozen model behind an OpenAI-compatible endpoint (docs/design.md section 5).
 
 One request per trajectory to ``POST {base_url}/chat/completions`` (vLLM's ``vllm serve``), with
 

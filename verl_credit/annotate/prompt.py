@@ -1,4 +1,4 @@
-"""The LLM annotator's versioned prompt and transcript rendering (DESIGN.md section 2.1).
+"""The LLM annotator's versioned prompt and transcript rendering (docs/design.md section 2.1).
 
 The system prompt states the section 2.1 definitions (support-use and failed-use edges, the error
 indicator, direct user inputs, units) and the three acceptance conditions, and asks for exactly

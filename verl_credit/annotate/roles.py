@@ -1,4 +1,4 @@
-"""CALL-CREDIT role classifier and causal call graph (DESIGN.md section 2.2).
+"""CALL-CREDIT role classifier and causal call graph (docs/design.md section 2.2).
 
 Every model call (assistant action) of a coding agent gets a role:
 
@@ -699,7 +699,7 @@ def call_graph_from_facts(facts: Sequence[CallFacts]) -> CallGraph:
 
 
 def build_call_graph(trajectory: Trajectory, classifier: RoleClassifier | None = None) -> CallGraph:
-    """Roles and causal edges of one trajectory's calls (DESIGN.md section 2.2)."""
+    """Roles and causal edges of one trajectory's calls (docs/design.md section 2.2)."""
     return call_graph_from_facts(analyze_calls(trajectory, classifier))
 
 

@@ -1,4 +1,4 @@
-"""The rule annotator (DESIGN.md section 5 ``rules``): provenance tracing of concrete values.
+"""The rule annotator (docs/design.md section 5 ``rules``): provenance tracing of concrete values.
 
 No model, pure Python, deterministic. For one trajectory it produces the section 2.1 graph
 ``G = (V, E+, E-, e, u)`` and passes it through :func:`verl_credit.graph.validate_graph` (the single
@@ -550,7 +550,7 @@ class _Tracer:
         The result of an earlier call identical to one of the consumer's own calls is not a source:
         a repeated call learns nothing from its twin (otherwise redundant repeats look causal). A
         user reply that only restates a value an earlier unelicited user turn (the opening request)
-        already gave is not its source either: the earliest supply wins (DESIGN.md 2.1), so the
+        already gave is not its source either: the earliest supply wins (docs/design.md 2.1), so the
         value stays a direct input. ``tool_messages``, when given, collects the tool results through
         which each source supplies the unit.
         """
@@ -646,7 +646,7 @@ class _Tracer:
         # a reply naming a value an earlier tool result (or the agent's own text) had supplied is the
         # user's choice or approval of it: the tool call that produced the value stays its source
         # (the more comprehensive one), and the choice supports j through the action that elicited
-        # the reply (DESIGN.md 5: "the chosen entry's ids still trace to their tool source")
+        # the reply (docs/design.md 5: "the chosen entry's ids still trace to their tool source")
         choices: dict[int, list[str]] = {}
         for key, sources in pool.items():
             suppliers = [k for k, kinds in sources.items() if kinds & {_TOOL, _ECHO, _ORIGIN}]

@@ -1,4 +1,4 @@
-"""Shell command lines of coding-agent tool calls (DESIGN.md section 2.2): parsing and role rules.
+"""Shell command lines of coding-agent tool calls (docs/design.md section 2.2): parsing and role rules.
 
 The role vocabulary (``IG`` / ``AE`` / ``RV``) and :class:`RoleDecision` live here because the shell
 rules are where decisions start; :mod:`verl_credit.annotate.roles` builds on them.

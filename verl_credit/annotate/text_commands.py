@@ -1,4 +1,4 @@
-"""Commands a coding agent writes in its message text, read as tool calls (DESIGN.md section 2.2).
+"""Commands a coding agent writes in its message text, read as tool calls (docs/design.md section 2.2).
 
 Scaffolds without native tool calls put the command in the assistant text and get its output back
 as the next (user) message. The role classifier and the call graph read such a command exactly as

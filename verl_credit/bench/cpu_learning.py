@@ -56,7 +56,7 @@ __all__ = [
 SUCCESS_METRIC = "critic/score/mean"
 #: the success levels a run is timed to
 THRESHOLDS: tuple[float, ...] = (0.8, 0.9)
-#: the DESIGN section 6 credit metrics averaged over a run's steps (where the arm logs them)
+#: the docs/design.md section 6 credit metrics averaged over a run's steps (where the arm logs them)
 CREDIT_MEANS: tuple[str, ...] = (
     "credit/fallback_rate",
     "credit/w_pos_std",

@@ -22,8 +22,8 @@ Setup (identical for every arm):
 * the same rollout budget for every arm.
 
 The arms differ only in the per-token advantage, which is the per-action advantage of the
-project's estimators (``routing.compute_batch_credit`` with ``CreditConfig(estimator=arm)``, DESIGN
-defaults, real per-action token counts) copied onto the action's tokens by
+project's estimators (``routing.compute_batch_credit`` with ``CreditConfig(estimator=arm)``, the default
+settings, real per-action token counts) copied onto the action's tokens by
 ``routing.route_token_advantages``: ``grpo`` (flat), ``iapo`` (rule-annotator graphs of the
 rendered transcripts), ``call_credit`` (service call graphs), ``gigpo`` (prefix anchor states),
 ``oracle`` (``learning.oracle_weights`` on the ground-truth causal actions / mistakes, rescaled so

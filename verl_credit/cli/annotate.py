@@ -1,10 +1,10 @@
-"""``verl-credit annotate``: rollouts JSONL -> graphs JSONL (DESIGN.md section 8).
+"""``verl-credit annotate``: rollouts JSONL -> graphs JSONL (docs/design.md section 8).
 
 A record that carries its own ``graph`` keeps it (validated, ``source = "given"``); every other
 trajectory goes to the chosen annotator, behind the sqlite cache when ``--cache`` is given.
 
 Each line of the graphs JSONL also says whether the trajectory is ``uncertain`` (the rule
-annotator's flag, DESIGN.md section 5: the hybrid annotator escalates these) and, when it is, the
+annotator's flag, docs/design.md section 5: the hybrid annotator escalates these) and, when it is, the
 ``uncertain_reasons`` (the rules' criteria ``U1`` .. ``U7`` with what triggered them); the summary
 counts uncertain trajectories by criterion.
 
@@ -63,7 +63,7 @@ def add_parser(subparsers: Any) -> None:
         help="annotate rollouts with influence graphs (rules, llm or hybrid)",
         description="Read a rollouts JSONL and write one influence graph per trajectory.",
     )
-    parser.add_argument("--input", required=True, help="rollouts JSONL (DESIGN.md section 8)")
+    parser.add_argument("--input", required=True, help="rollouts JSONL (docs/design.md section 8)")
     parser.add_argument("--out", required=True, help="graphs JSONL to write")
     add_annotator_arguments(parser)
     parser.set_defaults(run=run)

@@ -1,4 +1,4 @@
-"""``verl-credit audit``: agreement of annotators on the same trajectories (DESIGN.md section 8).
+"""``verl-credit audit``: agreement of annotators on the same trajectories (docs/design.md section 8).
 
 Every file is compared with the first (the reference); the metrics are defined in
 :mod:`verl_credit.annotate.audit`. Prints a table; ``--json`` also writes

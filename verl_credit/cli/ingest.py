@@ -18,7 +18,7 @@ def add_parser(subparsers: Any) -> None:
         description="Read a gateway log (one model call per line: request, response or streamed chunks), "
         "drop failed attempts (error status, in-stream errors, unparseable replies: counted, the run goes on) "
         "and retries, group calls into sessions (session id, else prefix continuity and tool-call ids) "
-        "and write rollouts JSONL (DESIGN.md section 8) with per-call token accounting. A malformed request, "
+        "and write rollouts JSONL (docs/design.md section 8) with per-call token accounting. A malformed request, "
         "a wrong --format or an unsupported API is an error naming file, line and field.",
     )
     parser.add_argument("--input", required=True, help="gateway log JSONL")

@@ -1,4 +1,4 @@
-"""``verl-credit route``: rollouts JSONL -> credit JSONL (DESIGN.md section 8).
+"""``verl-credit route``: rollouts JSONL -> credit JSONL (docs/design.md section 8).
 
 Memory (see :data:`MEMORY_NOTE`): a file grouped by uid (each group's lines consecutive, as
 verl writes them) is streamed -- one pass that keeps no transcript (line count, width, group
@@ -84,7 +84,7 @@ def add_parser(subparsers: Any) -> None:
         + " "
         + MEMORY_NOTE,
     )
-    parser.add_argument("--input", required=True, help="rollouts JSONL (DESIGN.md section 8)")
+    parser.add_argument("--input", required=True, help="rollouts JSONL (docs/design.md section 8)")
     parser.add_argument("--out", required=True, help="credit JSONL to write")
     parser.add_argument("--estimator", choices=estimator_names(), default="iapo")
     parser.add_argument("--beta-plus", type=float, default=_IAPO.beta_plus)

@@ -1,7 +1,7 @@
 """``verl-credit weakness``: where a run's coding agent is systematically weak, by call role.
 
 Reads rollouts (``messages``: roles, graph and call_credit credit are computed here with the
-DESIGN defaults) or credit lines of ``verl-credit route --estimator call_credit`` (``actions`` +
+default settings) or credit lines of ``verl-credit route --estimator call_credit`` (``actions`` +
 ``call_graph``). Roles are those of the credit file (``actions[i].role``; the rollouts give the
 same, computed): a null role -- a call the rules could not classify -- stays null and is counted as
 ``unclassified``. ``--rollouts`` describes the calls of credit lines by their tool calls; without

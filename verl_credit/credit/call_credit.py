@@ -1,4 +1,4 @@
-"""CALL-CREDIT: role-weighted causal decomposition of the trajectory advantage (DESIGN.md section 4).
+"""CALL-CREDIT: role-weighted causal decomposition of the trajectory advantage (docs/design.md section 4).
 
 Notation:
     B: trajectories. T: the largest number of calls in the batch (rows padded).

@@ -1,4 +1,4 @@
-"""Optional parts of CALL-CREDIT (DESIGN.md section 4), each off by default.
+"""Optional parts of CALL-CREDIT (docs/design.md section 4), each off by default.
 
 Notation:
     B: trajectories. T: the largest number of calls in the batch (rows padded, padding length 0).
@@ -18,7 +18,7 @@ Equations:
          The RV call's advantage becomes A_i + r_i.
     (15) counterfactual calibration: w_k <- w_k * max(1 + eta * sign(A) * Delta_k, floor) for the
          replayed AE calls, then every row is rescaled so that sum_i L_i w_i keeps its value (mass).
-         DESIGN.md writes ``1 + eta Delta_k``, which is the same for A > 0 (the seed calibrates
+         docs/design.md writes ``1 + eta Delta_k``, which is the same for A > 0 (the seed calibrates
          successful trajectories); for A < 0 the literal form would *shrink* the blame of an edit
          that caused the failure (Delta < 0), so the sign of A is applied.
     (16) adaptive role weights, after each step:

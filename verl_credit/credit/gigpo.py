@@ -1,4 +1,4 @@
-"""GiGPO's step advantage over anchor-state groups and the turn-reward advantage (DESIGN.md 4b).
+"""GiGPO's step advantage over anchor-state groups and the turn-reward advantage (docs/design.md 4b).
 
 Pure tensor math; the estimators in ``verl_credit.estimators`` feed it. Shapes: ``B`` trajectories
 padded to ``T`` actions; ``valid`` marks real actions. Anchor groups come as integer ids per action

@@ -1,4 +1,4 @@
-"""IAPO: graph features -> bounded weights -> sign-conditioned routing (DESIGN.md section 3).
+"""IAPO: graph features -> bounded weights -> sign-conditioned routing (docs/design.md section 3).
 
 Pure tensor functions over a padded batch of trajectories.
 
@@ -155,7 +155,7 @@ def compute_iapo_weights(
         advantage: ``(B,)`` GRPO trajectory advantage ``A_tau``.
         d_plus, d_minus, d_in, errors, lengths: ``(B, T)`` graph degrees, error indicator and
             trainable tokens per action (padding actions: all 0).
-        beta_plus, clip_c, neg_route, beta_minus, eps: DESIGN.md section 3 parameters.
+        beta_plus, clip_c, neg_route, beta_minus, eps: docs/design.md section 3 parameters.
 
     Returns:
         dict of ``(B, T)`` tensors: ``weight`` (the routed ``w``; 1 where ``A = 0``),

@@ -14,7 +14,7 @@ Variants of :func:`plan_calls`:
 * ``self_correct`` a wrong fix that fails the visible tests, run them, fix it, run them again.
 
 Every model call is one assistant message with at most one tool call; the final answer is a
-message without a tool call. Transcripts are OpenAI chat messages (DESIGN.md section 8).
+message without a tool call. Transcripts are OpenAI chat messages (docs/design.md section 8).
 """
 
 from __future__ import annotations

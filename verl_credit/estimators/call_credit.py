@@ -1,4 +1,4 @@
-"""``call_credit``: role- and causal-graph weights of coding-agent calls (DESIGN.md section 4)."""
+"""``call_credit``: role- and causal-graph weights of coding-agent calls (docs/design.md section 4)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``gigpo``: episode advantage plus GiGPO's step advantage over anchor states (DESIGN.md 4b).
+"""``gigpo``: episode advantage plus GiGPO's step advantage over anchor states (docs/design.md 4b).
 
 The IAPO paper's Table 1 comparator, as published (not mass-conserving). Its episode advantage
 follows ``credit.gigpo.mode``: ``mean_norm`` drops GRPO's division by the group std (verl-agent),

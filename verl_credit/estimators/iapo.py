@@ -1,4 +1,4 @@
-"""``iapo``: influence-graph routing of ``A_tau`` (DESIGN.md section 3, ``credit/iapo.py``)."""
+"""``iapo``: influence-graph routing of ``A_tau`` (docs/design.md section 3, ``credit/iapo.py``)."""
 
 from __future__ import annotations
 

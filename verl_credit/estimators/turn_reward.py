@@ -1,4 +1,4 @@
-"""``turn_reward``: per-turn environment rewards with a leave-one-out baseline (DESIGN.md 4b).
+"""``turn_reward``: per-turn environment rewards with a leave-one-out baseline (docs/design.md 4b).
 
 ``A_i = A_tau + lambda_turn (G_i - b_i)``; the baseline never depends on the trajectory's own
 action (other rollouts of the uid at the same anchor state, else at the same turn index) and is

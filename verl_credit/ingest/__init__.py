@@ -1,5 +1,5 @@
 """Gateway-log ingestion: API-boundary logs (OpenAI chat completions, Anthropic messages) ->
-trajectories in the rollouts format of DESIGN.md section 8, with per-call token accounting.
+trajectories in the rollouts format of docs/design.md section 8, with per-call token accounting.
 
     records, stats = ingest_log("gateway.jsonl")          # format auto-detected per line
     write_jsonl("rollouts.jsonl", records)

@@ -1,6 +1,6 @@
 """One model call as the gateway saw it: request messages, tools, the assistant response, usage.
 
-Messages are normalized to the OpenAI chat format of DESIGN.md section 8 (``system``/``user``/
+Messages are normalized to the OpenAI chat format of docs/design.md section 8 (``system``/``user``/
 ``assistant``/``tool``; tool calls as ``{"id", "type": "function", "function": {"name",
 "arguments"}}``), whatever API the call used, so that sessions can be chained by prefix
 continuity and written as rollouts.

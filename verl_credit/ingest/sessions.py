@@ -1,4 +1,4 @@
-"""Model calls -> sessions -> trajectories (DESIGN.md section 8) with per-call token accounting.
+"""Model calls -> sessions -> trajectories (docs/design.md section 8) with per-call token accounting.
 
 1. **Failed attempts** (error status, error inside the stream or body, no or unparseable
    response) are dropped and counted; flagged calls (e.g. tool arguments cut off by

@@ -1,4 +1,4 @@
-"""Credit JSONL lines (DESIGN.md section 8) as the report draws them.
+"""Credit JSONL lines (docs/design.md section 8) as the report draws them.
 
 A line carries per-action weights and advantages; ``verl-credit route`` and the demo add the
 validated influence graph (``"graph"``) and, for call_credit, the call graph (``"call_graph"``).

@@ -1,8 +1,8 @@
 """What ``verl-credit weakness`` reads: rollouts or call_credit credit lines -> :class:`RunTrajectory`.
 
 * a rollouts line (``messages``): roles, facts and the call graph from
-  :func:`verl_credit.annotate.roles.analyze_calls`, credit from ``call_credit`` with the DESIGN
-  defaults; the roles reported are those a credit line would carry (``None`` for a call the rules
+  :func:`verl_credit.annotate.roles.analyze_calls`, credit from ``call_credit`` with the default
+  settings; the roles reported are those a credit line would carry (``None`` for a call the rules
   could not classify), descriptions from the tool calls;
 * a credit line (``actions`` + ``call_graph``): its own roles (``actions[i].role``, a null role
   stays null), weights, advantages and edges; test outcomes and tool use are unknown; calls are

@@ -1,4 +1,4 @@
-"""Counterfactual replay (DESIGN.md section 4, "Counterfactual calibration").
+"""Counterfactual replay (docs/design.md section 4, "Counterfactual calibration").
 
 Re-executes a finished trajectory's tool calls, in order, in a *fresh* sandbox of the same task,
 with the tool call of one model call replaced (new arguments, optionally a new tool name) or

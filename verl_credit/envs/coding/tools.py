@@ -1,6 +1,6 @@
 """Tool schemas of the coding sandbox (OpenAI function-tool format) and argument checking.
 
-The names follow DESIGN.md section 2.2's role signals: ``read_file``/``search``/``list_dir`` gather
+The names follow docs/design.md section 2.2's role signals: ``read_file``/``search``/``list_dir`` gather
 information (IG), ``edit_file``/``write_file`` execute (AE, their results hold a unified diff),
 ``run_tests`` verifies (RV); ``bash`` is classified by its command line.
 """

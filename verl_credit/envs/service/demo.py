@@ -67,7 +67,7 @@ def causal_mask(rollouts: Sequence[Rollout], width: int) -> torch.Tensor:
 def summarize_credit(
     credit: BatchCredit, rollouts: Sequence[Rollout], fallback_rate: float | None = None
 ) -> dict[str, Any]:
-    """One summary row: weight spread (DESIGN section 6 names) and ground-truth credit placement."""
+    """One summary row: weight spread (docs/design.md section 6 names) and ground-truth credit placement."""
     metrics = compute_credit_metrics(credit, trajectories=[r.trajectory for r in rollouts])
     valid = credit.lengths > 0
     causal = causal_mask(rollouts, credit.weight.shape[1]) & valid
@@ -179,7 +179,7 @@ def run_demo(
         max_trajectories=max_trajectories,
         intro=(
             f"{len(rollouts)} rollouts ({groups} tasks x {group_size}) of the stochastic scripted agent, "
-            f"success rate {success:.0%}; graphs from the rule annotator; iapo with the DESIGN defaults "
+            f"success rate {success:.0%}; graphs from the rule annotator; iapo with the default settings "
             f"(beta+ 0.05, c 0.25). 'Causal' uses the simulator's ground truth, which no annotator sees."
         ),
     )

@@ -1,4 +1,4 @@
-"""CALL-CREDIT call graphs for the demo service world (DESIGN.md section 2.2, adapted to its tools).
+"""CALL-CREDIT call graphs for the demo service world (docs/design.md section 2.2, adapted to its tools).
 
 The coding-agent classifier (``annotate.roles``) reads file paths and shell commands; this domain
 has neither, so its calls would all look like reads. The service world declares which of its

@@ -1,4 +1,4 @@
-"""Groups of scripted-agent rollouts in the service world, as rollouts-JSONL records (DESIGN.md section 8)."""
+"""Groups of scripted-agent rollouts in the service world, as rollouts-JSONL records (docs/design.md section 8)."""
 
 from __future__ import annotations
 
