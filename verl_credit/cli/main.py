@@ -8,6 +8,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from verl_credit.estimators.registry import EstimatorPluginError
 from verl_credit.io import InputError
 
 # subcommand -> module under verl_credit.cli
@@ -41,7 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    try:
+        parser = build_parser()  # builds the --estimator choices: loads the estimator plug-ins
+    except EstimatorPluginError as exc:
+        print(f"verl-credit: error: {exc}", file=sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     try:
         return int(args.run(args) or 0)

@@ -5,16 +5,21 @@ CLI's ``--estimator`` choices) asks this registry; none branches on an estimator
 estimator declares what it needs from a finished rollout (:data:`NEEDS`) and how it turns the
 trajectory advantages and those inputs into per-action credit. Adding one is one module under
 ``verl_credit/estimators/`` that subclasses :class:`Estimator` and is decorated with
-:func:`register_estimator` (and listed in :data:`BUILTIN_MODULES`, or imported by the user before
-the config is built -- a ``package.module`` in ``VERL_CREDIT_ESTIMATORS`` is imported too).
+:func:`register_estimator`. Built-in ones are listed in :data:`BUILTIN_MODULES`; a third-party
+package plugs one in through the Python entry-point group :data:`ENTRY_POINT_GROUP` (the way
+verl-credit itself plugs into verl), and a ``package.module`` named in ``VERL_CREDIT_ESTIMATORS`` is
+imported too. All three are loaded on first use of the registry, in every process (Ray workers
+included), so an installed plug-in needs no edit to verl-credit's files.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+import types
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from importlib import metadata
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import torch
@@ -26,6 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BUILTIN_MODULES",
+    "ENTRY_POINT_GROUP",
     "NEEDS",
     "ActionCredit",
     "Estimator",
@@ -49,6 +55,10 @@ BUILTIN_MODULES: tuple[str, ...] = (
     "verl_credit.estimators.info_gain",
 )
 _ENV_MODULES = "VERL_CREDIT_ESTIMATORS"
+#: the entry-point group a third-party package declares its estimators in, e.g. in pyproject.toml:
+#: ``[project.entry-points."verl_credit.estimators"] recency = "mypackage.recency"`` (a module whose
+#: import registers it) or ``"mypackage.recency:RecencyCredit"`` (an :class:`Estimator` subclass)
+ENTRY_POINT_GROUP = "verl_credit.estimators"
 
 
 @dataclass
@@ -149,14 +159,44 @@ def register_estimator(cls: E) -> E:
     return cls
 
 
+class EstimatorPluginError(RuntimeError):
+    """A plug-in of :data:`ENTRY_POINT_GROUP` that cannot be loaded (the message names it and its
+    distribution); raised on first use of the registry, i.e. at start-up."""
+
+
+def _load_entry_point(entry_point: metadata.EntryPoint) -> None:
+    """Import one plug-in; an :class:`Estimator` subclass it names is registered (a module is
+    expected to register its estimators on import). Errors name the entry point and its package."""
+    dist = getattr(entry_point, "dist", None)
+    package = dist.name if dist is not None else "an unknown distribution"
+    where = f"estimator plug-in {entry_point.name} = {entry_point.value!r} ({package}, group {ENTRY_POINT_GROUP})"
+    try:
+        loaded = entry_point.load()
+        if isinstance(loaded, type) and issubclass(loaded, Estimator):
+            register_estimator(loaded)
+        elif not isinstance(loaded, types.ModuleType):
+            raise TypeError(f"it names {type(loaded).__name__} {loaded!r}, not a module or an Estimator subclass")
+    except Exception as error:  # a broken plug-in must say which one it is, at start-up
+        raise EstimatorPluginError(f"{where}: {type(error).__name__}: {error}") from error
+
+
 def _load() -> None:
     global _loaded
     if _loaded:
         return
+    # set first: a module being imported may itself ask the registry (estimator_names at import)
     _loaded = True
-    extra = [m for m in os.environ.get(_ENV_MODULES, "").split(",") if m.strip()]
-    for module in (*BUILTIN_MODULES, *extra):
-        importlib.import_module(module.strip())
+    try:
+        extra = [m for m in os.environ.get(_ENV_MODULES, "").split(",") if m.strip()]
+        for module in (*BUILTIN_MODULES, *extra):
+            importlib.import_module(module.strip())
+        # sorted by name: the registration order (the --estimator choices) does not depend on the
+        # order site-packages happens to list distributions in
+        for entry_point in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+            _load_entry_point(entry_point)
+    except BaseException:
+        _loaded = False  # the next call reports the same error instead of a partial registry
+        raise
 
 
 def estimator_names() -> tuple[str, ...]:
