@@ -15,9 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from verl_credit.credit.call_credit import ROLES
+__all__ = ["ROLES", "CallEdge", "CallGraph"]
 
-__all__ = ["CallEdge", "CallGraph"]
+#: CALL-CREDIT's call roles: information gathering, action execution, result verification
+ROLES: tuple[str, ...] = ("IG", "AE", "RV")
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from verl_credit.anchor_states import ANCHOR_STATES
+from verl_credit.call_graph import ROLES
 from verl_credit.config_rules import (
     MAX_COUNT,
     MAX_SECONDS,
@@ -27,7 +28,7 @@ from verl_credit.config_rules import (
     rule_of,
     setting,
 )
-from verl_credit.credit.call_credit import CALL_CREDIT_MODES, ROLES
+from verl_credit.credit.call_credit import CALL_CREDIT_MODES
 from verl_credit.credit.gigpo import GIGPO_MODES
 from verl_credit.credit.iapo import NEG_ROUTES
 from verl_credit.estimators.registry import estimator_names

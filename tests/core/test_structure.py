@@ -1,4 +1,4 @@
-"""The package's shape: import cycles, pure math, and estimator names only in the registry.
+"""The package's shape: import cycles, layers, pure math, and estimator names only in the registry.
 
 Read from the source with ``ast`` (nothing is imported), so a new cycle or a new branch on an
 estimator's name fails here before review.
@@ -119,5 +119,33 @@ def test_no_branch_on_an_estimator_name_outside_the_registry() -> None:
         for name, path in _modules().items()
         if not name.startswith(("verl_credit.estimators", "verl_credit.bench")) and name not in exempt
         for match in pattern.finditer(path.read_text(encoding="utf-8"))
+    ]
+    assert offenders == []
+
+
+#: what the annotators and the task worlds may not import: they produce graphs and transcripts,
+#: and must not depend on how credit is computed or drawn
+CREDIT_SIDE = ("verl_credit.credit", "verl_credit.estimators", "verl_credit.routing", "verl_credit.report")
+
+
+def test_annotators_and_environments_import_nothing_of_the_credit_side() -> None:
+    modules = _modules()
+    offenders = [
+        f"{name} imports {imported}"
+        for name, path in sorted(modules.items())
+        if name.startswith(("verl_credit.annotate", "verl_credit.envs"))
+        for imported in sorted(_imports(path, set(modules), lazy=True))
+        if imported.startswith(CREDIT_SIDE)
+    ]
+    assert offenders == []
+
+
+def test_only_the_verl_package_imports_verl() -> None:
+    pattern = re.compile(r"^\s*(import|from) verl(\.|\s|$)", re.M)
+    offenders = [
+        name
+        for name, path in sorted(_modules().items())
+        if not (name == "verl_credit.verl" or name.startswith("verl_credit.verl."))
+        and pattern.search(path.read_text(encoding="utf-8"))
     ]
     assert offenders == []

@@ -16,9 +16,8 @@ import pytest
 import torch
 
 from verl_credit.annotate.base import AnnotationResult, AnnotationStats
-from verl_credit.call_graph import CallGraph
+from verl_credit.call_graph import ROLES, CallGraph
 from verl_credit.config import CreditConfig
-from verl_credit.credit.call_credit import ROLES
 from verl_credit.credit.call_extras import AdaptiveRoleWeights
 from verl_credit.graph import GraphValidation, InfluenceGraph, validate_graph
 from verl_credit.metrics import METRIC_DOCS, METRIC_GROUPS, VERL_METRIC_DOCS, MetricDoc, compute_credit_metrics

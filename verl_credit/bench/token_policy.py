@@ -45,7 +45,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from verl.trainer.ppo.core_algos import get_policy_loss_fn  # imported once, before workers fork
 
 from verl_credit.annotate.factory import build_annotator
 from verl_credit.bench.learning import CreditMap, RunResult, oracle_weights
@@ -66,6 +65,7 @@ from verl_credit.envs.service.agent import LinearSoftmaxPolicy
 from verl_credit.estimators.needs import anchor_states_of
 from verl_credit.routing import BatchCredit, compute_batch_credit, pad_lengths, route_token_advantages
 from verl_credit.trajectory import Trajectory
+from verl_credit.verl.policy_loss import vanilla_policy_loss  # imports verl once, before workers fork
 
 __all__ = [
     "ARMS",
@@ -276,19 +276,6 @@ def token_advantages(credit: BatchCredit, episodes: Sequence[TokenEpisode], resp
     return route_token_advantages(credit, rows, span_action, span_start, span_end, response_length)
 
 
-class _LossConfig:
-    """The fields of verl's ``ActorConfig`` that ``compute_policy_loss_vanilla`` reads."""
-
-    def __init__(self, clip_ratio: float):
-        self.clip_ratio = clip_ratio
-        self.clip_ratio_low: float | None = None
-        self.clip_ratio_high: float | None = None
-        self.global_batch_info: dict[str, Any] = {}
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return getattr(self, key, default)
-
-
 def policy_loss(
     policy: torch.nn.Module,
     tokens: torch.Tensor,
@@ -302,10 +289,7 @@ def policy_loss(
     Shapes: ``tokens (B, N)``; ``old_log_prob, advantages, mask (B, N - 1)``.
     """
     log_prob = sequence_log_probs(policy, tokens)
-    loss, _ = get_policy_loss_fn("vanilla")(
-        old_log_prob, log_prob, advantages, mask, loss_agg_mode="token-mean", config=_LossConfig(clip_ratio)
-    )
-    return loss
+    return vanilla_policy_loss(old_log_prob, log_prob, advantages, mask, clip_ratio)
 
 
 # ----------------------------------------------------------------------------------------------

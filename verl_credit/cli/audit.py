@@ -1,7 +1,7 @@
 """``verl-credit audit``: agreement of annotators on the same trajectories (docs/design.md section 8).
 
 Every file is compared with the first (the reference); the metrics are defined in
-:mod:`verl_credit.annotate.audit`. Prints a table; ``--json`` also writes
+:mod:`verl_credit.report.audit`. Prints a table; ``--json`` also writes
 ``{metric: {annotator: value}}`` with the keys ``edge_f1, jaccard, kappa, spearman_m_pos,
 spearman_m_neg, sign_agreement, parse_rate``.
 """
@@ -13,15 +13,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from verl_credit.annotate.audit import (
+from verl_credit.config import IAPOConfig
+from verl_credit.io import check_distinct_files
+from verl_credit.report.audit import (
     audit_graph_sets,
     audit_to_json,
     format_audit_table,
     load_graph_set,
     load_rollout_lengths,
 )
-from verl_credit.config import IAPOConfig
-from verl_credit.io import check_distinct_files
 
 _IAPO = IAPOConfig()
 

@@ -31,7 +31,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from verl_credit.envs.service.demo import format_summary, run_demo
+    from verl_credit.cli.demo_run import format_summary, run_demo
 
     if args.groups < 1 or args.group_size < 1:
         raise ValueError(f"--groups and --group-size must be >= 1, got {args.groups} and {args.group_size}")

@@ -26,14 +26,12 @@ import torch
 
 __all__ = [
     "CALL_CREDIT_MODES",
-    "ROLES",
     "compute_call_scores",
     "compute_call_weights",
     "compute_reward_hacking_rate",
     "fuse_token_advantages",
 ]
 
-ROLES: tuple[str, ...] = ("IG", "AE", "RV")
 CALL_CREDIT_MODES: tuple[str, ...] = ("mass_conserving", "paper")
 CallCreditMode = Literal["mass_conserving", "paper"]
 

@@ -46,9 +46,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from verl_credit.call_graph import CallGraph
+from verl_credit.call_graph import ROLES, CallGraph
 from verl_credit.config import RV_REWARDS, AdaptiveOmegaConfig
-from verl_credit.credit.call_credit import ROLES
 from verl_credit.credit.tokens import scatter_action_values_to_tokens
 
 if TYPE_CHECKING:

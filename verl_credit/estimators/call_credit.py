@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from verl_credit.credit.call_credit import ROLES, compute_call_scores, compute_call_weights
+from verl_credit.call_graph import ROLES
+from verl_credit.credit.call_credit import compute_call_scores, compute_call_weights
 from verl_credit.estimators.registry import ActionCredit, Estimator, EstimatorInputs, register_estimator
 
 if TYPE_CHECKING:

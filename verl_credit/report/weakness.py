@@ -24,8 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from verl_credit.call_graph import CallGraph
-from verl_credit.credit.call_credit import ROLES
+from verl_credit.call_graph import ROLES, CallGraph
 
 __all__ = [
     "UNCLASSIFIED",

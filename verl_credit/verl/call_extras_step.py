@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
+from verl_credit.call_graph import ROLES
 from verl_credit.config import CallCreditConfig, CreditConfig
-from verl_credit.credit.call_credit import ROLES
 from verl_credit.credit.call_extras import (
     AdaptiveRoleWeights,
     apply_counterfactual_calibration,

@@ -19,8 +19,7 @@ Causal edges by content reference (the unit is the shared value):
 
 from __future__ import annotations
 
-from verl_credit.call_graph import CallEdge, CallGraph
-from verl_credit.credit.call_credit import ROLES
+from verl_credit.call_graph import ROLES, CallEdge, CallGraph
 from verl_credit.envs.service.world import READ_TOOLS, WRITE_TOOLS
 from verl_credit.trajectory import Trajectory
 

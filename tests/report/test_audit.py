@@ -9,7 +9,11 @@ from typing import Any
 
 import pytest
 
-from verl_credit.annotate.audit import (
+from verl_credit.cli.main import main
+from verl_credit.config import IAPOConfig
+from verl_credit.credit.iapo import compute_iapo_weights_reference
+from verl_credit.graph import validate_graph
+from verl_credit.report.audit import (
     AUDIT_KEYS,
     audit_graph_sets,
     audit_to_json,
@@ -19,10 +23,6 @@ from verl_credit.annotate.audit import (
     compute_spearman,
     load_graph_set,
 )
-from verl_credit.cli.main import main
-from verl_credit.config import IAPOConfig
-from verl_credit.credit.iapo import compute_iapo_weights_reference
-from verl_credit.graph import validate_graph
 
 
 def graph(n: int, edges: list[tuple[int, int, str]]) -> dict[str, Any]:
