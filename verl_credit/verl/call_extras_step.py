@@ -1,4 +1,4 @@
-"""The optional parts of CALL-CREDIT in a training step (DESIGN section 4): counterfactual
+"""The optional parts of CALL-CREDIT in a training step (docs/design.md section 4): counterfactual
 calibration and IG down-weighting by replaying calls through the session's environment, adaptive
 role weights kept across steps and in checkpoints, DPO pair export. Each behind a
 ``credit.call_credit.*`` switch, off by default; the tensor math is ``credit/call_extras.py``."""
@@ -61,7 +61,7 @@ logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
 CREDIT_STATE_FILE = "credit_state.json"
 
 
-# Optional CALL-CREDIT parts (DESIGN section 4): counterfactual calibration, IG down-weighting,
+# Optional CALL-CREDIT parts (docs/design.md section 4): counterfactual calibration, IG down-weighting,
 # adaptive role weights, DPO export
 # ---------------------------------------------------------------------------------------------
 
@@ -189,7 +189,7 @@ def apply_call_extras(
     state: CallExtrasState,
     step: int | None = None,
 ) -> tuple[BatchCredit, dict[str, float]]:
-    """The optional parts of DESIGN section 4 on a call_credit batch, in order:
+    """The optional parts of docs/design.md section 4 on a call_credit batch, in order:
 
     1. replays: the ``counterfactual.budget`` AE calls and the ``ig_downweight.budget`` IG calls
        with the largest ``|A_i|`` (calls with a tool call, in sessions with a transcript) are

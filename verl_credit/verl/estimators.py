@@ -1,7 +1,7 @@
 """``iapo`` / ``call_credit`` in verl's legacy advantage-estimator registry -- as guards.
 
 A registered estimator only receives ``token_level_rewards, response_mask, index, config``
-(VERL_NOTES section 1): no transcript, no graph. Dependency-aware credit therefore cannot run
+(verl 0.9.1's ``compute_advantage``): no transcript, no graph. Dependency-aware credit therefore cannot run
 there. The names are registered anyway so that a run which selects them through the stock
 path (``trainer.v1.trainer_mode=sync`` or ``trainer.use_v1=false``) fails with a message that
 says what to set, instead of verl's generic "unknown estimator".

@@ -8,7 +8,7 @@ Per step (``CreditTrainerSync._compute_advantage``), on the batch already in Tra
    skipped), one score per session from its *final* output (verl's multi-output GRPO rule),
    graphs read from ``extra_fields`` (annotated in the rollout) or annotated now (counted),
    ``routing.compute_batch_credit`` + ``routing.route_token_advantages``;
-   for call_credit, the optional parts of DESIGN section 4 between the call weights and the token
+   for call_credit, the optional parts of docs/design.md section 4 between the call weights and the token
    routing (:func:`apply_call_extras`; each behind a ``credit.call_credit.*`` switch, off by
    default): counterfactual calibration of the top-|A| AE calls by replaying them through the
    session's environment, IG down-weighting, adaptive role weights (kept on the trainer across
@@ -16,7 +16,7 @@ Per step (``CreditTrainerSync._compute_advantage``), on the batch already in Tra
    feedback turn with that feedback masked (:mod:`verl_credit.verl.info_gain_step`), the measured
    gains put into the sessions' payloads (so the dump and the offline check see them);
 4. write ``advantages``/``returns`` (and verl's optional fields) back, as verl does;
-5. DESIGN section 6 metrics into ``metrics`` (verl's tracker logs them).
+5. docs/design.md section 6 metrics into ``metrics`` (verl's tracker logs them).
 
 With uniform graphs (or ``algorithm.adv_estimator=grpo``) the written advantages equal verl's
 GRPO advantages bit-for-bit.
@@ -116,7 +116,7 @@ class CreditTrainerSync(PPOTrainerSync):
         check_filter_groups(config, settings)
         with open_dict(config):
             # The mode string also selects the replay buffer, refill and checkpoint behaviour
-            # (VERL_NOTES section 1): keep verl's "sync" semantics.
+            # (verl 0.9.1's V1 trainer reads it in several places): keep verl's "sync" semantics.
             config.trainer.v1.trainer_mode = "sync"
         call_extras = CallExtrasState.from_settings(settings)  # a bad proposer fails before workers start
         # every endpoint from every Ray node, no loopback URL across hosts, a shared checkpoint folder
