@@ -20,12 +20,10 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import ast
 import inspect
 import json
 import re
 import sys
-import textwrap
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
@@ -35,7 +33,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from verl_credit.config import CreditConfig
-from verl_credit.config_rules import Choice, Rule, Section, Weights
+from verl_credit.config_rules import Choice, PluginSections, Rule, Section, Weights, field_docstrings
 from verl_credit.estimators.registry import BUILTIN_MODULES, estimator_names, get_estimator
 from verl_credit.verl.settings import CreditSettings, credit_estimators, load_settings
 
@@ -166,20 +164,6 @@ def yaml_lines(text: str) -> dict[str, int]:
     return lines
 
 
-def field_docstrings(kind: type) -> dict[str, str]:
-    """The docstring written under each field of a dataclass (a string right after the field)."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(kind)))
-    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
-    docs: dict[str, str] = {}
-    for node, following in zip(body, [*body[1:], None], strict=True):
-        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
-            continue
-        if isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant):
-            if isinstance(following.value.value, str):
-                docs[node.target.id] = following.value.value
-    return docs
-
-
 def settings_sections(kind: type = CreditSettings, prefix: str = "credit") -> Iterator[tuple[str, type]]:
     """Every section key (``credit``, ``credit.iapo``, ...) and the settings class it documents."""
     yield prefix, kind
@@ -199,6 +183,8 @@ def settings_field_keys(kind: type = CreditSettings, prefix: str = "credit") -> 
     keys: list[str] = []
     for item in fields(kind):
         rule = item.metadata.get("rule")
+        if isinstance(rule, PluginSections):
+            continue  # plug-in estimators' sections: documented by their packages
         inlined = (kind, item.name) in INLINED_FIELDS
         key = prefix if inlined else f"{prefix}.{item.name}"
         if not inlined:
@@ -213,6 +199,8 @@ def _leaf_fields(kind: type, prefix: str, path: tuple[str, ...] = ()) -> Iterato
         rule = item.metadata.get("rule")
         if rule is None:
             raise TypeError(f"{kind.__name__}.{item.name} declares no rule")
+        if isinstance(rule, PluginSections):
+            continue  # plug-in estimators' sections: documented by their packages
         if isinstance(rule, Section):
             inlined = (kind, item.name) in INLINED_FIELDS
             yield from _leaf_fields(rule.kind, prefix if inlined else f"{prefix}.{item.name}", (*path, item.name))

@@ -9,8 +9,9 @@ finite, or out of range -- raises ``ValueError`` naming the key and the allowed 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
 
 from verl_credit.anchor_states import ANCHOR_STATES
 from verl_credit.call_graph import ROLES
@@ -20,6 +21,7 @@ from verl_credit.config_rules import (
     MAX_WEIGHT,
     Choice,
     Number,
+    PluginSections,
     Section,
     Switch,
     Text,
@@ -31,7 +33,10 @@ from verl_credit.config_rules import (
 from verl_credit.credit.call_credit import CALL_CREDIT_MODES
 from verl_credit.credit.gigpo import GIGPO_MODES
 from verl_credit.credit.iapo import NEG_ROUTES
-from verl_credit.estimators.registry import estimator_names
+from verl_credit.estimators.registry import estimator_names, estimator_sections, get_estimator
+
+if TYPE_CHECKING:
+    from verl_credit.estimators.registry import Estimator
 
 __all__ = [
     "RV_REWARDS",
@@ -45,6 +50,9 @@ __all__ = [
     "IGDownweightConfig",
     "InfoGainConfig",
     "TurnRewardConfig",
+    "build_section",
+    "credit_keys",
+    "mapping_of",
 ]
 
 RV_REWARDS: tuple[str, ...] = ("off", "self_correction", "literal")
@@ -175,15 +183,6 @@ class DPOExportConfig:
         return self.path is not None
 
 
-#: the optional parts of CALL-CREDIT: sub-node name -> its settings class
-CALL_CREDIT_PARTS: dict[str, type] = {
-    "counterfactual": CounterfactualConfig,
-    "ig_downweight": IGDownweightConfig,
-    "adaptive_omega": AdaptiveOmegaConfig,
-    "dpo_export": DPOExportConfig,
-}
-
-
 @dataclass(frozen=True)
 class CallCreditConfig:
     """CALL-CREDIT decomposition (docs/design.md section 4)."""
@@ -279,7 +278,7 @@ class InfoGainConfig:
     """T_gate of ``sigmoid(-std of the group's rewards / T_gate)`` (their ``intrinsic_gate_temperature``)."""
     normalize: bool = setting(True, Switch())
     """Centre (and scale) the gains within each group (their ``normalize_intrinsic``)."""
-    placeholder: str = setting("No information found.", Text())
+    placeholder: str = setting("No information found.", Text(), trainer_only=True)
     """Text whose tokens overwrite the feedback in the masked forward pass (their ``observation_placeholder``)."""
     eps: float = setting(1e-6, EPS)
     """Added to the stds of the group normalization and of the magnitude ratio."""
@@ -290,18 +289,14 @@ class InfoGainConfig:
             raise ValueError(f"credit.info_gain.placeholder must be a non-blank string, got {self.placeholder!r}")
 
 
-#: the plain (one-level) estimator sections of ``credit``: key -> settings class
-SECTIONS: dict[str, type] = {
-    "iapo": IAPOConfig,
-    "gigpo": GiGPOConfig,
-    "turn_reward": TurnRewardConfig,
-    "info_gain": InfoGainConfig,
-}
-
-
 @dataclass(frozen=True)
 class CreditConfig:
-    """Everything the estimators need: which one, GRPO normalization, and each method's knobs."""
+    """Everything the estimators need: which one, GRPO normalization, and each method's knobs.
+
+    The built-in estimators' sections are fields (``config.iapo``, ``config.call_credit`` ...); a
+    plug-in estimator's section is in :attr:`plugin_sections`. Both are read with
+    :meth:`section` (an estimator reads its own with ``Estimator.settings_of``).
+    """
 
     estimator: str = setting("iapo", Choice(estimator_names))
     """A registered estimator (``verl_credit.estimators``): ``iapo``, ``call_credit``, ``gigpo``,
@@ -319,6 +314,10 @@ class CreditConfig:
         default_factory=TurnRewardConfig, metadata={"rule": Section(TurnRewardConfig)}
     )
     info_gain: InfoGainConfig = field(default_factory=InfoGainConfig, metadata={"rule": Section(InfoGainConfig)})
+    plugin_sections: Mapping[str, Any] = field(
+        default_factory=dict, metadata={"rule": PluginSections(estimator_sections)}
+    )
+    """Internal: the sections of plug-in estimators (``credit.<section>`` keys of the mapping), by name."""
 
     def __post_init__(self) -> None:
         if rule_of(CreditConfig, "estimator").problem(self.estimator):
@@ -328,33 +327,66 @@ class CreditConfig:
             )
         check_fields(self, "credit")
 
+    def section(self, name: str) -> Any:
+        """The settings of section ``credit.<name>`` (a plug-in's not given: its defaults)."""
+        if name in _FIELD_SECTIONS:
+            return getattr(self, name)
+        if name in self.plugin_sections:
+            return self.plugin_sections[name]
+        kind = estimator_sections().get(name)
+        if kind is None:
+            raise ValueError(f"no settings section credit.{name}; sections: {sorted(estimator_sections())}")
+        return kind()
+
+    @cached_property
+    def registered_estimator(self) -> Estimator:
+        """The :class:`~verl_credit.estimators.registry.Estimator` of :attr:`estimator`, looked up
+        once per config (a step resolves it once)."""
+        return get_estimator(self.estimator)
+
+    def to_mapping(self) -> dict[str, Any]:
+        """The ``credit`` mapping :meth:`from_mapping` reads back (plug-in sections at the top level)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "plugin_sections"}
+        values.update(self.plugin_sections)
+        return {name: asdict(value) if is_dataclass(value) else value for name, value in values.items()}
+
     @classmethod
     def from_mapping(
         cls, values: Mapping[str, Any] | None = None, *, ignore: Sequence[str] = (), **overrides: Any
     ) -> CreditConfig:
         """Build from a (Hydra) mapping; unknown keys raise ``ValueError`` naming the key.
 
-        ``ignore`` names top-level keys that belong to other consumers (the trainer's ``credit``
-        node also holds ``annotator``, ``user``, ``env``, ``layout``).
+        Each registered estimator's section (``Estimator.settings``) is read from ``credit.<section>``
+        (its nested sections too); ``ignore`` names top-level keys that belong to other consumers
+        (the trainer's ``credit`` node also holds ``annotator``, ``user``, ``env``, ``layout``).
         """
         merged: dict[str, Any] = {k: v for k, v in mapping_of(values, "credit").items() if k not in ignore}
         merged.update(overrides)
-        sections = {
-            name: build_section(kind, merged.pop(name, None), f"credit.{name}") for name, kind in SECTIONS.items()
+        built = {
+            name: value if isinstance(value, kind) else build_section(kind, value, f"credit.{name}")
+            for name, kind in estimator_sections().items()
+            if (value := merged.pop(name, None)) is not None or name in _FIELD_SECTIONS
         }
-        call_credit_values = mapping_of(merged.pop("call_credit", None), "credit.call_credit")
-        if isinstance(call_credit_values.get("omega"), Mapping):
-            call_credit_values["omega"] = dict(call_credit_values["omega"])
-        for name, kind in CALL_CREDIT_PARTS.items():
-            if name in call_credit_values and not isinstance(call_credit_values[name], kind):
-                part = call_credit_values[name]
-                call_credit_values[name] = build_section(kind, part, f"credit.call_credit.{name}")
-        call_credit = build_section(CallCreditConfig, call_credit_values, "credit.call_credit")
-        top = {f.name for f in fields(cls)} - {"call_credit", *SECTIONS}
+        sections = {name: value for name, value in built.items() if name in _FIELD_SECTIONS}
+        plugin_sections = {name: value for name, value in built.items() if name not in _FIELD_SECTIONS}
+        top = {f.name for f in fields(cls)} - {*_FIELD_SECTIONS, "plugin_sections"}
         unknown = sorted(set(merged) - top)
         if unknown:
-            raise ValueError(f"unknown key(s) {', '.join('credit.' + k for k in unknown)}; known: {sorted(top)}")
-        return cls(call_credit=call_credit, **sections, **merged)
+            known = sorted(top | set(estimator_sections()))
+            raise ValueError(f"unknown key(s) {', '.join('credit.' + k for k in unknown)}; known: {known}")
+        return cls(**sections, **merged, plugin_sections=plugin_sections)
+
+
+#: the estimator sections that are fields of :class:`CreditConfig` (the built-in estimators')
+_FIELD_SECTIONS: frozenset[str] = frozenset(
+    f.name for f in fields(CreditConfig) if isinstance(f.metadata.get("rule"), Section)
+)
+
+
+def credit_keys() -> tuple[str, ...]:
+    """The top-level keys of the ``credit`` math: the scalars and every registered section."""
+    scalars = [f.name for f in fields(CreditConfig) if not isinstance(f.metadata.get("rule"), Section | PluginSections)]
+    return (*scalars, *estimator_sections())
 
 
 def mapping_of(value: Any, key: str) -> dict[str, Any]:
@@ -367,10 +399,21 @@ def mapping_of(value: Any, key: str) -> dict[str, Any]:
 
 
 def build_section(kind: type, values: Mapping[str, Any] | None, prefix: str) -> Any:
-    """``kind(**values)`` for a config dataclass; unknown keys raise ``ValueError`` naming ``prefix.key``."""
+    """``kind(**values)`` for a config dataclass; unknown keys raise ``ValueError`` naming ``prefix.key``.
+
+    A nested section given as a mapping is built the same way (``prefix.name``); a weight table
+    (``Weights``) given as a mapping becomes a dict.
+    """
     values = mapping_of(values, prefix)
     names = {f.name for f in fields(kind)}
     unknown = sorted(set(values) - names, key=str)
     if unknown:
         raise ValueError(f"unknown key(s) {', '.join(f'{prefix}.{k}' for k in unknown)}; known: {sorted(names)}")
+    for item in fields(kind):
+        rule = item.metadata.get("rule")
+        value = values.get(item.name)
+        if isinstance(rule, Section) and item.name in values and not isinstance(value, rule.kind):
+            values[item.name] = build_section(rule.kind, value, f"{prefix}.{item.name}")
+        elif isinstance(rule, Weights) and isinstance(value, Mapping):
+            values[item.name] = dict(value)
     return kind(**values)

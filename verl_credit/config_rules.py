@@ -16,7 +16,10 @@ never by an infinite or huge number.
 
 from __future__ import annotations
 
+import ast
+import inspect
 import math
+import textwrap
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Protocol
@@ -29,6 +32,7 @@ __all__ = [
     "MAX_WEIGHT",
     "Choice",
     "Number",
+    "PluginSections",
     "Rule",
     "Section",
     "Switch",
@@ -37,6 +41,7 @@ __all__ = [
     "Texts",
     "Weights",
     "check_fields",
+    "field_docstrings",
     "rule_of",
     "setting",
 ]
@@ -215,13 +220,42 @@ class Section:
         return f"a {self.kind.__name__}"
 
 
-def setting(default: Any = MISSING, rule: Rule | None = None, *, factory: Callable[[], Any] | None = None) -> Any:
-    """A dataclass field with ``default`` (or ``factory``) and the :class:`Rule` it must obey."""
+@dataclass(frozen=True)
+class PluginSections:
+    """The settings sections of plug-in estimators: a mapping of section name -> an instance of that
+    section's dataclass, for the names ``sections()`` lists (not keys of their own: each section
+    is ``credit.<name>``)."""
+
+    sections: Callable[[], Mapping[str, type]]
+
+    def problem(self, value: Any) -> bool:
+        if not isinstance(value, Mapping):
+            return True
+        known = self.sections()
+        return any(name not in known or not isinstance(item, known[name]) for name, item in value.items())
+
+    def describe(self) -> str:
+        return "a mapping of registered estimators' section names to their settings"
+
+
+def setting(
+    default: Any = MISSING,
+    rule: Rule | None = None,
+    *,
+    factory: Callable[[], Any] | None = None,
+    trainer_only: bool = False,
+) -> Any:
+    """A dataclass field with ``default`` (or ``factory``) and the :class:`Rule` it must obey.
+
+    ``trainer_only``: the setting acts in the trainer alone (e.g. on its forward passes), never on
+    credit routed from a file, so ``verl-credit route`` has no flag for it.
+    """
     if rule is None:
         raise TypeError("setting() needs a rule")
+    metadata = {"rule": rule, "trainer_only": trainer_only}
     if factory is not None:
-        return field(default_factory=factory, metadata={"rule": rule})
-    return field(default=default, metadata={"rule": rule})
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 def rule_of(kind: type, name: str) -> Rule:
@@ -268,3 +302,21 @@ def _check_weights(rule: Weights, value: Mapping[Any, Any], key: str) -> None:
     for name in rule.names:
         if rule.each.problem(value[name]):
             raise ValueError(f"{key}.{name} must be {rule.each.describe()}, got {value[name]!r}")
+
+
+def field_docstrings(kind: type) -> dict[str, str]:
+    """The docstring written under each field of a dataclass (a string right after the field);
+    empty when the class's source cannot be read (e.g. a class made at run time)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(kind)))
+    except (OSError, TypeError, SyntaxError):
+        return {}
+    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+    docs: dict[str, str] = {}
+    for node, following in zip(body, [*body[1:], None], strict=True):
+        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+            continue
+        if isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant):
+            if isinstance(following.value.value, str):
+                docs[node.target.id] = following.value.value
+    return docs

@@ -16,15 +16,17 @@ from verl_credit.annotate.base import AnnotationResult, AnnotationStats, Annotat
 from verl_credit.annotate.factory import build_annotator
 from verl_credit.call_graph import CallGraph
 from verl_credit.config import CreditConfig
-from verl_credit.estimators.needs import anchor_states_of, information_gains_of, turn_rewards_of
-from verl_credit.estimators.registry import get_estimator
-from verl_credit.routing import BatchCredit, compute_batch_credit, trajectory_scores
+from verl_credit.estimators.needs import anchor_states_of, gather_needs, information_gains_of, turn_rewards_of
+from verl_credit.estimators.registry import EstimatorInputs
+from verl_credit.graph import InfluenceGraph
+from verl_credit.routing import BatchCredit, credit_from_inputs, credit_with_token_hook, trajectory_scores
 from verl_credit.trajectory import Trajectory
 
 __all__ = [
     "RoutedBatch",
     "annotate_trajectories",
     "build_call_graphs",
+    "call_graphs_and_outcomes",
     "close_loop",
     "route_group",
     "route_stream",
@@ -87,9 +89,14 @@ def annotate_trajectories(
 
 def build_call_graphs(trajectories: Sequence[Trajectory]) -> list[CallGraph]:
     """CALL-CREDIT role + causal graphs (rule classifier) for every trajectory."""
-    from verl_credit.annotate.roles import build_call_graph
+    return [graph for graph, _ in call_graphs_and_outcomes(trajectories)]
 
-    return [build_call_graph(trajectory) for trajectory in trajectories]
+
+def call_graphs_and_outcomes(trajectories: Sequence[Trajectory]) -> list[tuple[CallGraph, list[str | None]]]:
+    """Call graphs and each call's verification outcome (the RV reward's input), one classifier pass."""
+    from verl_credit.annotate.roles import call_graph_and_outcomes
+
+    return [call_graph_and_outcomes(trajectory) for trajectory in trajectories]
 
 
 def route_trajectories(
@@ -103,29 +110,40 @@ def route_trajectories(
     # non-finite rewards are refused (naming the trajectory) before any annotation work; huge
     # finite ones are kept in float64 so their group's advantages stay finite
     scores = trajectory_scores([t.reward for t in trajectories], names=[t.id for t in trajectories])
+    estimator = config.registered_estimator
     annotations: list[AnnotationResult] | None = None
-    call_graphs: list[CallGraph] | None = None
     stats = AnnotationStats()
-    needs = get_estimator(config.estimator).needs
-    if "influence_graphs" in needs:
+    call_graphs: list[tuple[CallGraph, list[str | None]]] = []
+
+    def influence_graphs() -> list[InfluenceGraph]:
+        nonlocal annotations, stats
         annotations, stats = annotate_trajectories(trajectories, annotator, annotator_options, progress)
-    else:
-        if "call_graphs" in needs:
-            call_graphs = build_call_graphs(trajectories)
-        if progress is not None:
-            progress(len(trajectories))
-    credit = compute_batch_credit(
-        scores,
-        [t.uid for t in trajectories],
-        [t.action_lengths for t in trajectories],
-        config,
-        graphs=[a.graph for a in annotations] if annotations is not None else None,
-        call_graphs=call_graphs,
-        anchor_states=anchor_states_of(trajectories, config) if "anchor_states" in needs else None,
-        turn_rewards=turn_rewards_of(trajectories) if "turn_rewards" in needs else None,
-        information_gains=information_gains_of(trajectories) if "information_gains" in needs else None,
+        return [a.graph for a in annotations]
+
+    def classified_calls() -> list[CallGraph]:
+        call_graphs.extend(call_graphs_and_outcomes(trajectories))
+        return [graph for graph, _ in call_graphs]
+
+    gathered = gather_needs(
+        estimator.needs,
+        {
+            "influence_graphs": influence_graphs,
+            "call_graphs": classified_calls,
+            # from the same classifier pass as the call graphs (gathered first)
+            "rv_statuses": lambda: [outcomes for _, outcomes in call_graphs],
+            "anchor_states": lambda: anchor_states_of(trajectories, config),
+            "turn_rewards": lambda: turn_rewards_of(trajectories),
+            "information_gains": lambda: information_gains_of(trajectories),
+        },
+        estimator=config.estimator,
+        where="the offline pipeline",
     )
-    return RoutedBatch(trajectories, credit, annotations, call_graphs, stats)
+    if not estimator.needs_annotator and progress is not None:
+        progress(len(trajectories))
+    inputs = EstimatorInputs(uids=[t.uid for t in trajectories], scores=scores, **gathered)
+    credit = credit_from_inputs(inputs, [t.action_lengths for t in trajectories], config)
+    credit, _ = credit_with_token_hook(credit, inputs, config)
+    return RoutedBatch(trajectories, credit, annotations, gathered.get("call_graphs"), stats)
 
 
 # Streaming (``verl-credit route`` on a file grouped by uid): one group at a time.
@@ -156,9 +174,8 @@ def route_group(
     annotator runs here.
     """
     from verl_credit.credit.grpo import WIDE_SCORE
-    from verl_credit.graph import InfluenceGraph
 
-    needs_graphs = "influence_graphs" in get_estimator(config.estimator).needs
+    needs_graphs = config.registered_estimator.needs_annotator
     if needs_graphs and (annotations is None or len(annotations) != len(trajectories)):
         raise ValueError("route_group needs one annotation per trajectory for this estimator")
     batch = list(trajectories)
@@ -236,7 +253,7 @@ def route_stream(
     without influence graphs hold one group). The annotator runs on one event loop for the
     whole stream and is closed when the stream ends or is closed.
     """
-    needs_graphs = "influence_graphs" in get_estimator(config.estimator).needs
+    needs_graphs = config.registered_estimator.needs_annotator
     if needs_graphs and isinstance(annotator, str):
         annotator = build_annotator(annotator, **(annotator_options or {}))
     assert not needs_graphs or isinstance(annotator, Annotator)

@@ -4,15 +4,17 @@ Shared by the verl trainer, the CLI (``verl-credit route``), the demo and the be
 
     scores + group ids  --estimator.trajectory_advantage-->  A_tau (B,)     (GRPO's, credit/grpo.py)
     inputs + lengths    --estimator.action_credit-->  w (B, T)  or  A_i (B, T)  (credit/*.py math)
-    A_tau * w  or  A_i  --tokens.py-->  (rows, response_len)
+    A_tau * w  or  A_i  --tokens.py-->  (rows, response_len)  --estimator.post_process_tokens-->
 
-The estimator is looked up by name in ``verl_credit.estimators`` (one module per estimator).
+The estimator is looked up by name in ``verl_credit.estimators`` (one module per estimator),
+once per config (``CreditConfig.registered_estimator``).
 
 Nothing here knows where a graph came from (annotator, cache, file) or how rows were packed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import chain
@@ -27,13 +29,16 @@ from verl_credit.credit.grpo import REWARD_LIMIT, WIDE_SCORE
 from verl_credit.credit.tokens import scatter_action_values_to_tokens
 from verl_credit.estimators.call_credit import pad_call_graphs
 from verl_credit.estimators.iapo import pad_influence_graphs
-from verl_credit.estimators.registry import EstimatorInputs, get_estimator
+from verl_credit.estimators.registry import EstimatorInputs, TokenLayout
 from verl_credit.graph import InfluenceGraph
 
 __all__ = [
     "BatchCredit",
     "check_finite_scores",
     "compute_batch_credit",
+    "credit_from_inputs",
+    "credit_with_token_hook",
+    "estimator_token_advantages",
     "pad_call_graphs",
     "pad_influence_graphs",
     "pad_lengths",
@@ -138,6 +143,7 @@ def compute_batch_credit(
     anchor_states: Sequence[Sequence[str]] | None = None,
     turn_rewards: Sequence[Sequence[float] | None] | None = None,
     information_gains: Sequence[Sequence[float | None] | None] | None = None,
+    rv_statuses: Sequence[Sequence[str | None]] | None = None,
 ) -> BatchCredit:
     """Trajectory advantage and per-action weights for a batch of B trajectories.
 
@@ -153,9 +159,10 @@ def compute_batch_credit(
         turn_rewards: B lists of per-action environment rewards, or None per trajectory.
         information_gains: B lists of per-action information gains (a number or None per action),
             or None per trajectory (``info_gain``).
+        rv_statuses: B lists of per-call verification outcomes (``call_credit``'s RV reward).
 
-    The estimator is ``verl_credit.estimators.get_estimator(config.estimator)``; what it needs
-    (``Estimator.needs``) must be given.
+    The estimator is ``config.registered_estimator``; what it needs (``Estimator.needs``) must be
+    given (``verl_credit.estimators.needs.gather_needs`` gathers it).
 
     Returns:
         :class:`BatchCredit` (weights in float64; advantages in ``scores``' dtype).
@@ -164,13 +171,6 @@ def compute_batch_credit(
         ValueError: a score is NaN or infinite (naming the trajectory); finite scores, however
             large, give finite advantages (``grpo.WIDE_SCORE``).
     """
-    if scores.dim() == 1 and len(index) == scores.shape[0]:
-        check_finite_scores(scores, index, names)
-    estimator = get_estimator(config.estimator)
-    advantage = estimator.trajectory_advantage(scores, index, config)
-    padded_lengths, counts = pad_lengths(lengths)
-    width = padded_lengths.shape[1]
-    valid = torch.arange(width).unsqueeze(0) < counts.unsqueeze(1)
     inputs = EstimatorInputs(
         uids=list(index),
         scores=scores,
@@ -179,7 +179,24 @@ def compute_batch_credit(
         anchor_states=anchor_states,
         turn_rewards=turn_rewards,
         information_gains=information_gains,
+        rv_statuses=rv_statuses,
     )
+    return credit_from_inputs(inputs, lengths, config, names)
+
+
+def credit_from_inputs(
+    inputs: EstimatorInputs, lengths: Sequence[Sequence[int]], config: CreditConfig, names: Sequence[Any] | None = None
+) -> BatchCredit:
+    """:func:`compute_batch_credit` on inputs already gathered (``inputs.uids`` are the group ids,
+    ``inputs.scores`` the ``(B,)`` rewards)."""
+    scores, index = inputs.scores, inputs.uids
+    if scores.dim() == 1 and len(index) == scores.shape[0]:
+        check_finite_scores(scores, index, names)
+    estimator = config.registered_estimator
+    advantage = estimator.trajectory_advantage(scores, index, config)
+    padded_lengths, counts = pad_lengths(lengths)
+    width = padded_lengths.shape[1]
+    valid = torch.arange(width).unsqueeze(0) < counts.unsqueeze(1)
     routed = estimator.action_credit(advantage.to(torch.float64), padded_lengths, valid, inputs, config)
     weight = routed.weight * valid
     if routed.action_advantage is None:
@@ -230,3 +247,36 @@ def route_token_advantages(
     return scatter_action_values_to_tokens(
         action_values, span_action, span_start, span_end, response_length, gap_values=row_advantage * 0.0
     )
+
+
+def estimator_token_advantages(
+    credit: BatchCredit, layout: TokenLayout, inputs: EstimatorInputs, config: CreditConfig
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """``(rows, R)`` token advantages of the layout's rows (:func:`route_token_advantages`, in the
+    credit's dtype), then the estimator's token hook (``Estimator.post_process_tokens``; e.g.
+    call_credit's alpha fusion and RV reward). Also returns the hook's metrics."""
+    tokens = route_token_advantages(
+        credit,
+        layout.row_trajectory,
+        layout.span_action,
+        layout.span_start,
+        layout.span_end,
+        layout.response_length,
+        credit.trajectory_advantage.dtype,
+    )
+    return config.registered_estimator.post_process_tokens(tokens, credit, layout, inputs, config)
+
+
+def credit_with_token_hook(
+    credit: BatchCredit, inputs: EstimatorInputs, config: CreditConfig
+) -> tuple[BatchCredit, dict[str, float]]:
+    """``credit`` whose ``action_advantage`` is what every token of each action gets in training:
+    the estimator's token hook applied on one token per action (``TokenLayout.one_token_per_action``).
+    ``credit`` itself when the hook changes nothing under ``config`` (bit for bit); otherwise the
+    result is ``additive`` (its ``weight`` is still the routed ``w``)."""
+    if not config.registered_estimator.changes_tokens(config):
+        return credit, {}
+    layout = TokenLayout.one_token_per_action(credit.num_actions)
+    # the layout's width is the batch's padded action count, so token t of row b is action t of b
+    values, metrics = estimator_token_advantages(credit, layout, inputs, config)
+    return dataclasses.replace(credit, action_advantage=values, additive=True), metrics

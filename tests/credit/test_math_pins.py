@@ -881,6 +881,7 @@ IAPO_CLI: dict[str, list[str]] = {
     "--neg-route projected": ["--neg-route", "projected"],
     "--neg-route error": ["--neg-route", "error"],
     "--beta-minus": ["--neg-route", "projected", "--beta-minus", "0.8"],
+    "--iapo-eps": ["--iapo-eps", "0.5"],
     "--no-norm-by-std": ["--no-norm-by-std"],
 }
 
@@ -895,6 +896,7 @@ def test_cli_route_iapo_flags(tmp_path: Path, case: str) -> None:
         "clip_c": _flag_value(flags, "--clip-c", 0.25),
         "neg_route": _flag_value(flags, "--neg-route", "error", str),
         "beta_minus": _flag_value(flags, "--beta-minus", 0.05),
+        "eps": _flag_value(flags, "--iapo-eps", 1e-6),
     }
     advantages = expected_grpo([1.0, 0.0, -2.0], ["g", "g", "h"], norm_by_std="--no-norm-by-std" not in flags)
     defaults = expected_grpo([1.0, 0.0, -2.0], ["g", "g", "h"])
@@ -938,8 +940,16 @@ CALL_CLI: dict[str, list[str]] = {
     "--smoothing": ["--smoothing", "3"],
     "--smoothing 0": ["--smoothing", "0"],
     "--call-mode": ["--call-mode", "paper"],
+    "--call-credit-omega": ["--call-credit-omega", "IG=1,AE=2,RV=0.5"],
     "--no-norm-by-std": ["--no-norm-by-std"],
 }
+
+
+def _omega_flag(flags: list[str]) -> dict[str, float] | None:
+    if "--call-credit-omega" not in flags:
+        return None
+    pairs = (item.split("=") for item in flags[flags.index("--call-credit-omega") + 1].split(","))
+    return {role: float(value) for role, value in pairs}
 
 
 @pytest.mark.parametrize("case", list(CALL_CLI))
@@ -954,6 +964,7 @@ def test_cli_route_call_credit_flags(tmp_path: Path, case: str) -> None:
         "smoothing": _flag_value(flags, "--smoothing", 1.0),
         "gamma": _flag_value(flags, "--gamma", 0.95),
         "mode": _flag_value(flags, "--call-mode", "mass_conserving", str),
+        "omega": _omega_flag(flags),
     }
     weights = expected_call_weights(["IG", "AE", "RV"], [1.0, 1.0, 0.0], [2.0, 3.0, 4.0], **params)
     default_weights = expected_call_weights(["IG", "AE", "RV"], [1.0, 1.0, 0.0], [2.0, 3.0, 4.0])
@@ -996,6 +1007,7 @@ GIGPO_CLI: dict[str, list[str]] = {
     "--gigpo-gamma": ["--gigpo-gamma", "0.5"],
     "--gigpo-mode": ["--gigpo-mode", "mean_std_norm"],
     "--gigpo-state": ["--gigpo-state", "last_observation"],
+    "--gigpo-eps": ["--gigpo-mode", "mean_std_norm", "--gigpo-eps", "0.5"],
 }
 
 
@@ -1012,6 +1024,7 @@ def test_cli_route_gigpo_flags(tmp_path: Path, case: str) -> None:
         step_advantage_w=_flag_value(flags, "--gigpo-w", 1.0),
         gamma=_flag_value(flags, "--gigpo-gamma", 0.95),
         mode=_flag_value(flags, "--gigpo-mode", "mean_norm", str),
+        eps=_flag_value(flags, "--gigpo-eps", 1e-6),
     )
     default = expected_gigpo([1.0, 0.0, 0.5], ["g"] * 3, PREFIX_STATES)
     for record, row in zip(out, expected, strict=True):
@@ -1219,6 +1232,9 @@ INFO_CLI: dict[str, list[str]] = {
     "--info-weight": ["--info-weight", "0.5"],
     "--info-gate-temperature": ["--info-gate-temperature", "5"],
     "--info-no-normalize": ["--info-no-normalize"],
+    "--no-info-gain-normalize": ["--no-info-gain-normalize"],
+    "--info-gain-normalize": ["--info-no-normalize", "--info-gain-normalize"],  # the last one given wins
+    "--info-gain-eps": ["--info-gain-eps", "0.5"],
 }
 
 
@@ -1239,13 +1255,78 @@ def test_cli_route_info_gain_flags(tmp_path: Path, case: str) -> None:
         INFO_GAINS,
         weight=_flag_value(flags, "--info-weight", 0.1),
         gate_temperature=_flag_value(flags, "--info-gate-temperature", 0.05),
-        normalize="--info-no-normalize" not in flags,
+        normalize=not flags or flags[-1] not in ("--info-no-normalize", "--no-info-gain-normalize"),
+        eps=_flag_value(flags, "--info-gain-eps", 1e-6),
     )
     default = expected_info_gain(INFO_REWARDS, INFO_UIDS, INFO_LENGTHS, INFO_GAINS)
     for record, row in zip(out, expected, strict=True):
         assert [a["advantage"] for a in record["actions"]] == pytest.approx(row, rel=1e-6, abs=1e-7), case
-    if flags:
+    if flags and case != "--info-gain-normalize":  # normalizing is the default: this case pins that
         assert expected != [pytest.approx(r, abs=1e-3) for r in default], f"{case} is not visible on this data"
+
+
+# ---------------------------------------------------------------------------------------------
+# CALL-CREDIT's token hook in ``verl-credit route``: alpha fusion and the RV reward
+# ---------------------------------------------------------------------------------------------
+
+
+def _self_correcting_rollout(rid: str, reward: float) -> dict[str, Any]:
+    """run tests (RV, fails naming calc.py) -> edit calc.py (AE) -> run tests (RV, passes): the rule
+    classifier's graph is RV -> AE (the edit of a path the failure named), AE -> RV."""
+    messages = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "fix the bug in calc.py"},
+        {"role": "assistant", "content": "", "tool_calls": [_tool_call("c1", "run_tests", {"cmd": "pytest tests"})]},
+        {
+            "role": "tool",
+            "tool_call_id": "c1",
+            "content": "FAILED tests/test_calc.py::test_add - assert -1 == 3\ncalc.py:2: AssertionError\n1 failed",
+        },
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [_tool_call("c2", "str_replace", {"path": "calc.py", "old": "a - b", "new": "a + b"})],
+        },
+        {"role": "tool", "tool_call_id": "c2", "content": "edited calc.py"},
+        {"role": "assistant", "content": "", "tool_calls": [_tool_call("c3", "run_tests", {"cmd": "pytest tests"})]},
+        {"role": "tool", "tool_call_id": "c3", "content": "1 passed"},
+    ]
+    return {"id": rid, "uid": "code", "reward": reward, "messages": messages, "action_token_lengths": [2, 3, 4]}
+
+
+TOKEN_HOOK_CLI: dict[str, list[str]] = {
+    "--call-credit-alpha": ["--call-credit-alpha", "0.3"],
+    "--call-credit-rv-reward self_correction": ["--call-credit-rv-reward", "self_correction"],
+    "--call-credit-rv-reward literal": ["--call-credit-rv-reward", "literal"],
+    "--call-credit-kappa": ["--call-credit-rv-reward", "self_correction", "--call-credit-kappa", "0.7"],
+    "all": ["--call-credit-alpha", "0.6", "--call-credit-rv-reward", "literal", "--call-credit-kappa", "0.25"],
+}
+
+
+@pytest.mark.parametrize("case", list(TOKEN_HOOK_CLI))
+def test_cli_route_call_credit_token_flags(tmp_path: Path, case: str) -> None:
+    """docs/design.md section 4 eq. 13 and 14 per action: ``A (alpha + (1 - alpha) w_i) + r_i``, with
+    ``r`` = kappa on the failing RV that a later edit fixed (self_correction), or
+    ``kappa (1[passed] - 1[failed and fixed])`` (literal); the weights are the routed ``w``."""
+    flags = TOKEN_HOOK_CLI[case]
+    records = [_self_correcting_rollout(f"s{n}", reward) for n, reward in enumerate([1.0, 0.0, 0.0])]
+    out = _route(tmp_path, records, ["--estimator", "call_credit", *flags])
+    assert [a["role"] for a in out[0]["actions"]] == ["RV", "AE", "RV"]
+    assert [(e["src"], e["dst"], e["kind"]) for e in out[0]["call_graph"]["edges"]] == [
+        (0, 1, "RV->AE"),
+        (1, 2, "AE->RV"),
+    ]
+    alpha = _flag_value(flags, "--call-credit-alpha", 0.0)
+    kappa = _flag_value(flags, "--call-credit-kappa", 0.1)
+    mode = _flag_value(flags, "--call-credit-rv-reward", "off", str)
+    reward = {"off": [0.0, 0.0, 0.0], "self_correction": [kappa, 0.0, 0.0], "literal": [-kappa, 0.0, kappa]}[mode]
+    weights = expected_call_weights(["RV", "AE", "RV"], [1.0, 1.0, 0.0], [2.0, 3.0, 4.0])
+    for record, advantage in zip(out, expected_grpo([1.0, 0.0, 0.0], ["code"] * 3), strict=True):
+        assert [a["weight"] for a in record["actions"]] == pytest.approx(weights, rel=1e-9), case
+        expected = [advantage * (alpha + (1 - alpha) * w) + r for w, r in zip(weights, reward, strict=True)]
+        assert [a["advantage"] for a in record["actions"]] == pytest.approx(expected, rel=1e-5, abs=1e-7), case
+        plain = [advantage * w for w in weights]
+        assert max(abs(a - b) for a, b in zip(expected, plain, strict=True)) > 1e-2, f"{case} is not visible"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1272,6 +1353,15 @@ PINNED_ROUTE_FLAGS: dict[str, str] = {
     "--info-weight": "test_cli_route_info_gain_flags",
     "--info-gate-temperature": "test_cli_route_info_gain_flags",
     "--info-no-normalize": "test_cli_route_info_gain_flags",
+    "--info-gain-normalize": "test_cli_route_info_gain_flags",
+    "--no-info-gain-normalize": "test_cli_route_info_gain_flags",
+    "--info-gain-eps": "test_cli_route_info_gain_flags",
+    "--iapo-eps": "test_cli_route_iapo_flags",
+    "--gigpo-eps": "test_cli_route_gigpo_flags",
+    "--call-credit-omega": "test_cli_route_call_credit_flags",
+    "--call-credit-alpha": "test_cli_route_call_credit_token_flags",
+    "--call-credit-rv-reward": "test_cli_route_call_credit_token_flags",
+    "--call-credit-kappa": "test_cli_route_call_credit_token_flags",
     "--annotator": "test_cli_route_annotator_and_fallback_flags",
     "--fallback": "test_cli_route_annotator_and_fallback_flags",
 }
@@ -1308,6 +1398,13 @@ def test_every_route_flag_is_pinned() -> None:
     assert not set(PINNED_ROUTE_FLAGS) - flags, "pinned flags that the route command no longer has"
 
 
+#: credit.call_credit keys of the token hook (alpha fusion, RV reward): applied after routing, by the
+#: trainer and by `verl-credit route` (pinned above through the route command)
+TOKEN_HOOK_CALL_CREDIT_KEYS = {
+    "alpha": "test_cli_route_call_credit_token_flags",
+    "rv_reward": "test_cli_route_call_credit_token_flags",
+    "kappa": "test_cli_route_call_credit_token_flags",
+}
 #: credit.* math keys pinned above (key -> test)
 PINNED_CREDIT_KEYS: dict[str, str] = {
     "estimator": "test_cli_route_estimator_flag_selects_the_math",
@@ -1319,17 +1416,14 @@ PINNED_CREDIT_KEYS: dict[str, str] = {
     "gigpo.state": "test_cli_route_gigpo_flags (--gigpo-state)",
     **{f"turn_reward.{f.name}": "test_turn_reward_keys_reach_batch_credit" for f in fields(TurnRewardConfig)},
     **{key: "test_info_gain_keys_reach_batch_credit" for key in INFO_KEYS},
+    **{f"call_credit.{key}": test for key, test in TOKEN_HOOK_CALL_CREDIT_KEYS.items()},
 }
 #: credit.info_gain keys used by the trainer's masked forward passes, not by the math: pinned in
 #: tests/verl/test_info_gain_trainer.py (a non-default placeholder reaches the masked rows)
 TRAINER_INFO_GAIN_KEYS = {"placeholder"}
-#: credit.call_credit keys applied by the trainer after routing (token fusion, RV reward, replays):
-#: pinned in tests/verl (test_trainer.py, test_trainer_call_extras.py) and tests/credit/test_call_credit_extras.py,
-#: not reachable from compute_batch_credit or `verl-credit route`
+#: credit.call_credit keys of the trainer's replays: pinned in tests/verl (test_trainer_call_extras.py)
+#: and tests/credit/test_call_credit_extras.py, not reachable from `verl-credit route`
 TRAINER_CALL_CREDIT_KEYS = {
-    "alpha",
-    "rv_reward",
-    "kappa",
     "counterfactual",
     "ig_downweight",
     "adaptive_omega",
@@ -1339,7 +1433,8 @@ TRAINER_CALL_CREDIT_KEYS = {
 
 def test_every_credit_math_key_is_pinned() -> None:
     sections = ("iapo", "call_credit", "gigpo", "turn_reward", "info_gain")
-    keys = {f.name for f in fields(CreditConfig) if f.name not in sections}
+    # plugin_sections holds plug-in estimators' sections (none here), not a key of its own
+    keys = {f.name for f in fields(CreditConfig) if f.name not in (*sections, "plugin_sections")}
     keys |= {f"iapo.{f.name}" for f in fields(IAPOConfig)}
     keys |= {f"call_credit.{f.name}" for f in fields(CallCreditConfig) if f.name not in TRAINER_CALL_CREDIT_KEYS}
     keys |= {f"gigpo.{f.name}" for f in fields(GiGPOConfig)}

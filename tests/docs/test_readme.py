@@ -122,20 +122,30 @@ def test_the_readme_estimator_example_routes_a_rollouts_file(tmp_path: Path) -> 
         "VERL_CREDIT_ESTIMATORS": "readme_estimator",
     }
     command = [sys.executable, "-m", "verl_credit.cli.main", "route", "--input", "examples/rollouts.jsonl"]
-    done = subprocess.run(
-        [*command, "--out", str(out), "--estimator", name.group(1)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    lines = [json.loads(line) for line in out.read_text().splitlines()]
-    assert lines and all(line["estimator"] == name.group(1) for line in lines)
-    for line in lines:
-        weights = [action["weight"] for action in line["actions"]]
-        lengths = [action["length"] for action in line["actions"]]
-        assert weights == sorted(weights) and weights[0] < weights[-1], line["id"]
-        assert sum(w * length for w, length in zip(weights, lengths, strict=True)) == pytest.approx(sum(lengths))
+
+    def route(*flags: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*command, "--out", str(out), "--estimator", name.group(1), *flags],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    ratios = []
+    for flags in ([], ["--recency-decay", "0.5"]):  # its default, then its own flag
+        done = route(*flags)
+        assert done.returncode == 0, done.stderr
+        lines = [json.loads(line) for line in out.read_text().splitlines()]
+        assert lines and all(line["estimator"] == name.group(1) for line in lines)
+        for line in lines:
+            weights = [action["weight"] for action in line["actions"]]
+            lengths = [action["length"] for action in line["actions"]]
+            assert weights == sorted(weights) and weights[0] < weights[-1], line["id"]
+            assert sum(w * length for w, length in zip(weights, lengths, strict=True)) == pytest.approx(sum(lengths))
+            ratios.append(weights[-2] / weights[-1])
+    assert min(ratios) == pytest.approx(0.5) and max(ratios) == pytest.approx(0.8)  # the setting reached the math
+    refused = route("--recency-decay", "2")
+    assert refused.returncode == 2 and "credit.recency.decay must be" in refused.stderr

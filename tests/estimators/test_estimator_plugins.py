@@ -5,7 +5,9 @@ entry_points.txt, what ``pip install`` leaves in site-packages) and put on the i
 ``importlib.metadata`` finds it exactly as it finds an installed distribution. Nothing in
 verl-credit's files names it: it must show up in ``verl-credit route --help``, route a rollouts file,
 run through the offline pipeline and the credit trainer's advantage step; a broken or clashing
-plug-in stops at start-up with a message naming it.
+plug-in stops at start-up with a message naming it. A plug-in with a setting of its own (its
+settings dataclass) gets the trainer's ``credit.<section>.<key>`` and the route command's
+``--<section>-<key>`` from it, validated with messages that name the key.
 """
 
 from __future__ import annotations
@@ -73,6 +75,46 @@ class FirstActionCredit(Estimator):
 '''
 
 
+# An estimator with a setting of its own: its section credit.recency, flag --recency-decay.
+RECENCY = '''
+from dataclasses import dataclass
+
+import torch
+
+from verl_credit.config_rules import Number, check_fields, setting
+from verl_credit.estimators.registry import ActionCredit, Estimator, register_estimator
+
+
+@dataclass(frozen=True)
+class RecencySettings:
+    """Later actions get more of A_tau."""
+
+    decay: float = setting(0.9, Number(0.0, 1.0, low_open=True))
+    """Weight of an action relative to the next one."""
+
+    def __post_init__(self) -> None:
+        check_fields(self, "credit.recency")
+
+
+@register_estimator
+class RecencyCredit(Estimator):
+    """w_i proportional to decay^(T - 1 - i), rescaled so that sum_i L_i w_i = L."""
+
+    name = "recency"
+    settings = RecencySettings
+
+    def action_credit(self, advantage, lengths, valid, inputs, config) -> ActionCredit:
+        decay = self.settings_of(config).decay
+        count = valid.sum(dim=1, keepdim=True)
+        position = torch.arange(valid.shape[1]).unsqueeze(0)
+        raw = torch.where(valid, decay ** (count - 1 - position).to(torch.float64), torch.zeros_like(lengths))
+        mass = (lengths * raw).sum(dim=1, keepdim=True)
+        weight = raw * lengths.sum(dim=1, keepdim=True) / mass.clamp_min(1e-300)
+        return ActionCredit(torch.where(mass > 0, weight, valid.to(torch.float64)))
+'''
+PLUGIN_NAMES = ("last_action", "first_action", "recency")
+
+
 def write_plugin(root: Path, modules: dict[str, str], entry_points: dict[str, str]) -> Path:
     """A distribution ``credit-plugin-demo`` under ``root``: the package's modules and a dist-info
     declaring ``entry_points`` in the ``verl_credit.estimators`` group."""
@@ -92,8 +134,12 @@ def write_plugin(root: Path, modules: dict[str, str], entry_points: dict[str, st
 def demo_plugin(root: Path) -> Path:
     return write_plugin(
         root,
-        {"last_action": LAST_ACTION, "first_action": FIRST_ACTION},
-        {"last_action": f"{PACKAGE}.last_action", "first_action": f"{PACKAGE}.first_action:FirstActionCredit"},
+        {"last_action": LAST_ACTION, "first_action": FIRST_ACTION, "recency": RECENCY},
+        {
+            "last_action": f"{PACKAGE}.last_action",
+            "first_action": f"{PACKAGE}.first_action:FirstActionCredit",
+            "recency": f"{PACKAGE}.recency",
+        },
     )
 
 
@@ -121,7 +167,7 @@ def installed_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterato
     registry.estimator_names()  # the built-ins are registered before the plug-in is looked up
     monkeypatch.setattr(registry, "_loaded", False)
     yield root
-    for name in ("last_action", "first_action"):
+    for name in PLUGIN_NAMES:
         registry._REGISTRY.pop(name, None)
     for module in [m for m in sys.modules if m == PACKAGE or m.startswith(f"{PACKAGE}.")]:
         del sys.modules[module]
@@ -243,3 +289,99 @@ def test_a_plugin_that_clashes_or_names_no_estimator_is_refused(tmp_path: Path, 
     done = run_cli(root, "route", "--input", str(EXAMPLES))
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "estimator plug-in clash" in done.stderr and message in done.stderr
+
+
+def _recency_weights(count: int, lengths: list[int], decay: float) -> list[float]:
+    raw = [decay ** (count - 1 - i) for i in range(count)]
+    mass = sum(length * r for length, r in zip(lengths, raw, strict=True))
+    return [r * sum(lengths) / mass for r in raw]
+
+
+def test_a_plugin_setting_is_a_route_flag_checked_by_its_rule(tmp_path: Path) -> None:
+    root = demo_plugin(tmp_path / "site")
+    helped = run_cli(root, "route", "--help")
+    assert helped.returncode == 0, helped.stderr
+    assert "credit.recency:" in helped.stdout and "--recency-decay" in helped.stdout
+    assert "Weight of an action relative to the next one" in helped.stdout  # the field's docstring
+    for decay in (0.9, 0.5):  # the default, then the flag
+        out = tmp_path / f"credit-{decay}.jsonl"
+        flags = [] if decay == 0.9 else ["--recency-decay", str(decay)]
+        done = run_cli(root, "route", "--input", str(EXAMPLES), "--out", str(out), "--estimator", "recency", *flags)
+        assert done.returncode == 0, done.stderr
+        for weights, lengths in _weights(out):
+            assert weights == pytest.approx(_recency_weights(len(weights), lengths, decay), rel=1e-9)
+    refused = run_cli(root, "route", "--input", str(EXAMPLES), "--out", str(out), "--estimator", "recency",
+                      "--recency-decay", "1.5")  # fmt: skip
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "credit.recency.decay must be a finite number in (0, 1], got 1.5" in refused.stderr
+
+
+def test_a_plugin_setting_is_a_trainer_key_through_the_pipeline_and_the_advantage_step(
+    installed_plugin: Path,
+) -> None:
+    from verl_credit.config import CreditConfig
+    from verl_credit.io import load_trajectories
+    from verl_credit.pipeline import route_trajectories
+    from verl_credit.verl.credit_step import compute_credit_advantages
+    from verl_credit.verl.settings import load_settings
+
+    trajectories = [trajectory for _, trajectory in load_trajectories(EXAMPLES)]
+    config = CreditConfig.from_mapping({"estimator": "recency", "recency": {"decay": 0.5}})
+    assert config.section("recency").decay == 0.5
+    assert CreditConfig.from_mapping(config.to_mapping()) == config  # what a step dump keeps, read back
+    assert CreditConfig(estimator="recency").section("recency").decay == 0.9  # not given: the default
+    routed = route_trajectories(trajectories, config)
+    checked = 0
+    for row, trajectory in enumerate(trajectories):
+        if routed.credit.trajectory_advantage[row] != 0:
+            weights = routed.credit.weights_of(row)
+            assert weights == pytest.approx(_recency_weights(len(weights), trajectory.action_lengths, 0.5), rel=1e-9)
+            checked += 1
+    assert checked > 0
+
+    # the trainer's settings: credit.recency.decay (+credit.recency.decay=0.5 on a Hydra command line)
+    settings = load_settings({"estimator": "recency", "recency": {"decay": 0.5}})
+    assert settings.credit.section("recency").decay == 0.5
+    with pytest.raises(ValueError, match=r"credit\.recency\.decay must be a finite number in \(0, 1\], got 0"):
+        load_settings({"estimator": "recency", "recency": {"decay": 0}})
+    with pytest.raises(ValueError, match=r"unknown key\(s\) credit\.recency\.half_life"):
+        load_settings({"estimator": "recency", "recency": {"half_life": 3}})
+
+    # the trainer's step: one session of two actions at tokens [0, 2) and [3, 6), a group of two
+    mask = torch.tensor([[1, 1, 0, 1, 1, 1]] * 2)
+    scores = torch.zeros(mask.shape)
+    scores[:, 5] = torch.tensor([1.0, 0.0])
+    payload = {"spans": [[0, 0, 2], [1, 3, 6]], "num_actions": 2}
+    step = compute_credit_advantages(
+        ["g_0_0", "g_1_0"],
+        [{}, {}],
+        ["g", "g"],
+        [{"credit": payload}, {"credit": payload}],
+        mask,
+        mask.clone(),
+        scores,
+        settings,
+    )
+    first, second = _recency_weights(2, [2, 3], 0.5)
+    advantage = float(step.credit.trajectory_advantage[0])
+    assert step.advantages[0, :2].tolist() == pytest.approx([advantage * first] * 2, rel=1e-6)
+    assert step.advantages[0, 3:6].tolist() == pytest.approx([advantage * second] * 3, rel=1e-6)
+    assert step.advantages[0, 2] == 0
+
+
+def test_a_plugin_estimator_gets_a_guard_in_verls_registry(installed_plugin: Path) -> None:
+    """Selected through verl's stock trainer, a plug-in estimator says what to set (as iapo does)."""
+    from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY
+
+    from verl_credit.verl import estimators as guards
+
+    try:
+        assert "recency" in guards.register_guards()
+        with pytest.raises(ValueError, match=r"algorithm\.adv_estimator=recency needs the verl-credit trainer"):
+            ADV_ESTIMATOR_REGISTRY["recency"]()
+        assert {"iapo", "call_credit", "gigpo", "turn_reward", "info_gain"} <= set(guards.GUARDS)
+        assert "grpo" not in guards.GUARDS  # verl's own
+    finally:
+        for name in PLUGIN_NAMES:
+            guards.GUARDS.pop(name, None)
+            ADV_ESTIMATOR_REGISTRY.pop(name, None)

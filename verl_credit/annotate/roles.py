@@ -703,6 +703,15 @@ def build_call_graph(trajectory: Trajectory, classifier: RoleClassifier | None =
     return call_graph_from_facts(analyze_calls(trajectory, classifier))
 
 
+def call_graph_and_outcomes(
+    trajectory: Trajectory, classifier: RoleClassifier | None = None
+) -> tuple[CallGraph, list[str | None]]:
+    """:func:`build_call_graph` and each call's verification outcome (``"pass"``/``"fail"``/``None``,
+    for the RV reward) from one classifier pass."""
+    facts = analyze_calls(trajectory, classifier)
+    return call_graph_from_facts(facts), [fact.rv_status for fact in facts]
+
+
 # ---------------------------------------------------------------------------------------------
 # Optional LLM classifier for ambiguous calls
 # ---------------------------------------------------------------------------------------------

@@ -20,24 +20,14 @@ from typing import Any
 
 from tqdm import tqdm
 
-from verl_credit.anchor_states import ANCHOR_STATES
 from verl_credit.annotate.base import AnnotationStats
 from verl_credit.cli.annotate import add_annotator_arguments, build_cli_annotator, check_annotator_flags
 from verl_credit.cli.graph_problems import GraphProblems, print_graph_problems
-from verl_credit.config import (
-    CallCreditConfig,
-    CreditConfig,
-    GiGPOConfig,
-    IAPOConfig,
-    InfoGainConfig,
-    TurnRewardConfig,
-)
-from verl_credit.credit.call_credit import CALL_CREDIT_MODES
-from verl_credit.credit.gigpo import GIGPO_MODES
+from verl_credit.cli.section_flags import add_section_arguments, section_values
+from verl_credit.config import CreditConfig
 from verl_credit.credit.grpo import WIDE_SCORE
-from verl_credit.credit.iapo import NEG_ROUTES
 from verl_credit.credit_records import credit_records
-from verl_credit.estimators import estimator_names, get_estimator
+from verl_credit.estimators import estimator_names
 from verl_credit.io import (
     InputError,
     RolloutReader,
@@ -68,12 +58,6 @@ INFO_GAIN_NOTE = (
     "as one batch (the estimator's magnitude ratio is batch-wide)."
 )
 
-_IAPO = IAPOConfig()
-_CALL = CallCreditConfig()
-_GIGPO = GiGPOConfig()
-_TURN = TurnRewardConfig()
-_INFO = InfoGainConfig()
-
 
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
@@ -87,48 +71,17 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--input", required=True, help="rollouts JSONL (docs/design.md section 8)")
     parser.add_argument("--out", required=True, help="credit JSONL to write")
     parser.add_argument("--estimator", choices=estimator_names(), default="iapo")
-    parser.add_argument("--beta-plus", type=float, default=_IAPO.beta_plus)
-    parser.add_argument("--clip-c", type=float, default=_IAPO.clip_c)
-    parser.add_argument("--neg-route", choices=NEG_ROUTES, default=_IAPO.neg_route)
-    parser.add_argument("--beta-minus", type=float, default=_IAPO.beta_minus)
     parser.add_argument("--no-norm-by-std", action="store_true", help="Dr.GRPO: do not divide by the group std")
     add_annotator_arguments(parser)  # used for lines without a graph
-    parser.add_argument("--call-mode", choices=CALL_CREDIT_MODES, default=_CALL.mode)
-    parser.add_argument("--smoothing", type=float, default=_CALL.smoothing, help="call_credit lambda")
-    parser.add_argument("--gamma", type=float, default=_CALL.gamma, help="call_credit discount")
-    parser.add_argument("--gigpo-w", type=float, default=_GIGPO.step_advantage_w, help="gigpo step_advantage_w")
-    parser.add_argument("--gigpo-gamma", type=float, default=_GIGPO.gamma, help="gigpo step-return discount")
-    parser.add_argument("--gigpo-mode", choices=GIGPO_MODES, default=_GIGPO.mode)
-    parser.add_argument("--gigpo-state", choices=ANCHOR_STATES, default=_GIGPO.state, help="anchor state key")
-    parser.add_argument("--turn-lambda", type=float, default=_TURN.lambda_turn, help="turn_reward lambda_turn")
-    parser.add_argument("--turn-gamma", type=float, default=_TURN.gamma, help="turn_reward discount")
-    # info_gain reads each line's "information_gains" (a number or null per action: the teacher-forced
-    # log-prob gain of the next action from the feedback after this one); lines without it get GRPO credit
-    parser.add_argument("--info-weight", type=float, default=_INFO.weight, help="info_gain weight (beta)")
-    parser.add_argument(
-        "--info-gate-temperature", type=float, default=_INFO.gate_temperature, help="info_gain variance-gate T"
-    )
-    parser.add_argument(
-        "--info-no-normalize", action="store_true", help="info_gain: raw gains (no per-group normalization)"
-    )
+    # every estimator's settings (its section's dataclass), e.g. --call-credit-alpha for the alpha fusion
+    add_section_arguments(parser)
     parser.set_defaults(run=run)
 
 
 def build_config(args: argparse.Namespace) -> CreditConfig:
-    return CreditConfig(
-        estimator=args.estimator,
-        norm_adv_by_std_in_grpo=not args.no_norm_by_std,
-        iapo=IAPOConfig(
-            beta_plus=args.beta_plus, clip_c=args.clip_c, neg_route=args.neg_route, beta_minus=args.beta_minus
-        ),
-        call_credit=CallCreditConfig(mode=args.call_mode, smoothing=args.smoothing, gamma=args.gamma),
-        gigpo=GiGPOConfig(
-            step_advantage_w=args.gigpo_w, gamma=args.gigpo_gamma, mode=args.gigpo_mode, state=args.gigpo_state
-        ),
-        turn_reward=TurnRewardConfig(lambda_turn=args.turn_lambda, gamma=args.turn_gamma),
-        info_gain=InfoGainConfig(
-            weight=args.info_weight, gate_temperature=args.info_gate_temperature, normalize=not args.info_no_normalize
-        ),
+    """The ``credit`` settings of the flags, built and validated as the trainer builds its own."""
+    return CreditConfig.from_mapping(
+        {"estimator": args.estimator, "norm_adv_by_std_in_grpo": not args.no_norm_by_std, **section_values(args)}
     )
 
 
@@ -152,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
         return _run_in_memory(args, config, scan.lines)
     if scan.max_abs_reward >= WIDE_SCORE:  # float64 scores: see pipeline.route_group
         return _run_in_memory(args, config, scan.lines)
-    if get_estimator(config.estimator).couples_groups:  # batch-level statistics: the file is one batch
+    if config.registered_estimator.couples_groups:  # batch-level statistics: the file is one batch
         return _run_in_memory(args, config, scan.lines)
     return _run_streaming(args, config, scan)
 
@@ -169,7 +122,7 @@ def _check_rereadable(path: str) -> None:
 
 def _run_streaming(args: argparse.Namespace, config: CreditConfig, scan: RolloutScan) -> int:
     """One group at a time, each written as it completes (a file grouped by uid)."""
-    needs_graphs = "influence_graphs" in get_estimator(config.estimator).needs
+    needs_graphs = config.registered_estimator.needs_annotator
     annotator = build_cli_annotator(args) if needs_graphs else "rules"
     width = scan.max_actions
     summary = _StreamSummary()
@@ -307,7 +260,7 @@ def _run_in_memory(args: argparse.Namespace, config: CreditConfig, total: int) -
     with tqdm(
         total=len(trajectories), desc=f"route:{config.estimator}", unit="traj", file=sys.stderr, disable=None
     ) as bar:
-        needs_graphs = "influence_graphs" in get_estimator(config.estimator).needs
+        needs_graphs = config.registered_estimator.needs_annotator
         annotator = build_cli_annotator(args) if needs_graphs else "rules"
         routed = route_trajectories(grouped, config, annotator, progress=bar.update)
     records = credit_records(trajectories, routed.credit, routed.annotations, routed.call_graphs)

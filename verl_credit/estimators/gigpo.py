@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from verl_credit.anchor_states import anchor_group_ids
+from verl_credit.config import GiGPOConfig
 from verl_credit.credit.gigpo import compute_anchor_step_advantage, compute_discounted_step_returns
 from verl_credit.credit.grpo import compute_grpo_trajectory_advantage
 from verl_credit.estimators.registry import ActionCredit, Estimator, EstimatorInputs, register_estimator
@@ -35,6 +36,7 @@ def turn_reward_matrix(turn_rewards: Sequence[Sequence[float] | None] | None, wi
 class GiGPOEstimator(Estimator):
     name = "gigpo"
     needs = frozenset({"anchor_states", "turn_rewards"})
+    settings = GiGPOConfig
 
     def trajectory_advantage(self, scores: torch.Tensor, index: Sequence[Any], config: CreditConfig) -> torch.Tensor:
         return compute_grpo_trajectory_advantage(

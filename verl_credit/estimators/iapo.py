@@ -7,13 +7,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from verl_credit.config import IAPOConfig
 from verl_credit.credit.iapo import compute_iapo_weights
 from verl_credit.estimators.registry import ActionCredit, Estimator, EstimatorInputs, register_estimator
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from verl_credit.config import CreditConfig, IAPOConfig
+    from verl_credit.config import CreditConfig
     from verl_credit.graph import InfluenceGraph
 
 
@@ -34,6 +35,7 @@ def pad_influence_graphs(graphs: Sequence[InfluenceGraph], width: int) -> dict[s
 class IAPOEstimator(Estimator):
     name = "iapo"
     needs = frozenset({"influence_graphs"})
+    settings = IAPOConfig
     routes_influence_graphs = True
 
     def action_credit(

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from verl_credit.config import InfoGainConfig
 from verl_credit.credit.grpo import compute_group_statistics
 from verl_credit.credit.info_gain import compute_info_gain_advantage
 from verl_credit.estimators.registry import ActionCredit, Estimator, EstimatorInputs, register_estimator
@@ -62,6 +63,7 @@ def _dense_group_ids(uids: Sequence[object]) -> torch.Tensor:
 class InfoGainEstimator(Estimator):
     name = "info_gain"
     needs = frozenset({"information_gains"})
+    settings = InfoGainConfig
     couples_groups = True
 
     def action_credit(

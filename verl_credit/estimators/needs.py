@@ -1,14 +1,21 @@
-"""The inputs an estimator ``needs`` that come straight from a trajectory (no annotator):
-anchor states, per-turn rewards and (offline) per-action information gains. Shared by the
-offline pipeline and the trainer."""
+"""From an estimator's ``needs`` to its inputs, and the inputs that come straight from a trajectory.
+
+:func:`gather_needs` is the one step from ``Estimator.needs`` to the fields of
+``EstimatorInputs``: each consumer (the offline pipeline, the rollout's annotation, the trainer's
+step, the offline check of a training run) passes what it can provide, one callable per need,
+and gets the fields the estimator asked for -- no consumer tests a need itself.
+
+The rest reads anchor states, per-turn rewards and (offline) per-action information gains from
+trajectories (no annotator); shared by the offline pipeline and the trainer."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from verl_credit.anchor_states import anchor_states
+from verl_credit.estimators.registry import NEEDS
 
 if TYPE_CHECKING:
     from verl_credit.config import CreditConfig
@@ -16,11 +23,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "INFORMATION_GAINS_KEY",
+    "NEED_FIELDS",
     "TURN_REWARDS_KEY",
     "TURN_REWARD_LIMIT",
     "anchor_states_of",
     "check_information_gains",
     "check_turn_rewards",
+    "gather_needs",
     "information_gains_of",
     "turn_reward_problem",
     "turn_rewards_of",
@@ -37,6 +46,53 @@ TURN_REWARD_LIMIT = 1e18
 #: the rollout-record field of per-action information gains (``info_gain``): one number or null per
 #: action, the gain of the feedback after that action (``verl_credit.credit.info_gain`` eq. 1)
 INFORMATION_GAINS_KEY = "information_gains"
+
+
+#: the ``EstimatorInputs`` field each need fills
+NEED_FIELDS: dict[str, str] = {need: need for need in NEEDS} | {"influence_graphs": "graphs"}
+T = TypeVar("T")
+
+
+def gather_needs(
+    needs: Iterable[str],
+    providers: Mapping[str, Callable[[], T]],
+    *,
+    estimator: str,
+    where: str,
+    partial: bool = False,
+) -> dict[str, T]:
+    """Call the provider of each need in ``needs``, in :data:`~verl_credit.estimators.registry.NEEDS`
+    order (a provider may use what an earlier one made); providers of needs not asked for are not
+    called.
+
+    Args:
+        needs: what the estimator needs (``Estimator.needs``).
+        providers: need -> a callable that returns its value (for async consumers, a coroutine).
+        estimator, where: the estimator's and the consumer's names, for the error.
+        partial: ``True`` when the consumer provides only some needs (e.g. what a rollout
+            annotates); ``False``: a need without a provider is an error.
+
+    Returns:
+        ``EstimatorInputs`` field name (:data:`NEED_FIELDS`) -> the provider's value.
+
+    Raises:
+        ValueError: ``partial`` is false and ``where`` cannot provide a need (naming both).
+    """
+    wanted = set(needs)
+    gathered: dict[str, T] = {}
+    for need in NEEDS:
+        if need not in wanted:
+            continue
+        provider = providers.get(need)
+        if provider is None:
+            if partial:
+                continue
+            raise ValueError(
+                f"the {estimator} estimator needs {need}, which {where} cannot provide (it provides "
+                f"{', '.join(n for n in NEEDS if n in providers)})"
+            )
+        gathered[NEED_FIELDS[need]] = provider()
+    return gathered
 
 
 def anchor_states_of(trajectories: Sequence[Trajectory], config: CreditConfig) -> list[list[str]]:

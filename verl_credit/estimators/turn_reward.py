@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from verl_credit.anchor_states import anchor_group_ids, turn_group_ids
+from verl_credit.config import TurnRewardConfig
 from verl_credit.credit.gigpo import compute_leave_one_out_baseline, compute_turn_returns
 from verl_credit.estimators.gigpo import turn_reward_matrix
 from verl_credit.estimators.registry import ActionCredit, Estimator, EstimatorInputs, register_estimator
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 class TurnRewardEstimator(Estimator):
     name = "turn_reward"
     needs = frozenset({"anchor_states", "turn_rewards"})
+    settings = TurnRewardConfig
 
     def action_credit(
         self,

@@ -38,6 +38,7 @@ from typing import Any
 from verl_credit.annotate.base import AnnotationResult, Annotator, annotator_class
 from verl_credit.annotate.factory import build_annotator
 from verl_credit.call_graph import CallGraph
+from verl_credit.estimators.needs import gather_needs
 from verl_credit.estimators.registry import get_estimator
 from verl_credit.graph import GraphValidation, InfluenceGraph, validate_graph
 from verl_credit.openai_chat import strip_thinking
@@ -97,16 +98,15 @@ def build_call_graph(trajectory: Trajectory) -> tuple[CallGraph, list[str | None
     """CALL-CREDIT roles + causal edges of a trajectory (rule classifier, one call per action) and
     each call's verification outcome (``"pass"``/``"fail"``/``None``, for the RV reward)."""
     try:
-        from verl_credit.annotate.roles import analyze_calls, call_graph_from_facts
+        from verl_credit.annotate.roles import call_graph_and_outcomes
     except ModuleNotFoundError as exc:
         if exc.name != "verl_credit.annotate.roles":
             raise
         raise RuntimeError("the call_credit estimator needs verl_credit.annotate.roles (call classifier)") from exc
-    facts = analyze_calls(trajectory)
-    graph = call_graph_from_facts(facts)
+    graph, outcomes = call_graph_and_outcomes(trajectory)
     if graph.num_calls != trajectory.num_actions:
         raise ValueError(f"call graph has {graph.num_calls} calls for {trajectory.num_actions} actions")
-    return graph, [fact.rv_status for fact in facts]
+    return graph, outcomes
 
 
 def result_summary(result: AnnotationResult) -> dict[str, Any]:
@@ -165,13 +165,13 @@ async def annotate_finished_trajectory(
     the environment's ``turn_rewards``). Every annotator reads :func:`annotation_view` of the trajectory.
     """
     trajectory = annotation_view(trajectory)
-    needs = get_estimator(estimator).needs
-    if "influence_graphs" in needs:
-        annotator = annotator or rollout_annotator(settings)
-        result = (await annotator.annotate_batch([trajectory]))[0]
+
+    async def influence_graph() -> dict[str, Any]:
+        result = (await (annotator or rollout_annotator(settings)).annotate_batch([trajectory]))[0]
         roles = await asyncio.to_thread(_metric_roles, trajectory)
         return {"graph": result.graph.to_json(), "annotation": result_summary(result), **roles}
-    if "call_graphs" in needs:
+
+    async def call_graph() -> dict[str, Any]:  # with each call's verification outcome (rv_statuses)
         started = time.perf_counter()
         graph, rv_status = await asyncio.to_thread(build_call_graph, trajectory)
         return {
@@ -179,7 +179,22 @@ async def annotate_finished_trajectory(
             "rv_status": rv_status,
             "annotation": {"source": "roles", "seconds": time.perf_counter() - started, "fallback": False},
         }
-    return await asyncio.to_thread(_metric_roles, trajectory)
+
+    # what a rollout annotates; the other needs are read by the trainer from the transcript, the
+    # environment's turn rewards and its own forward passes
+    annotations = gather_needs(
+        get_estimator(estimator).needs,
+        {"influence_graphs": influence_graph, "call_graphs": call_graph},
+        estimator=estimator,
+        where="the rollout's annotation",
+        partial=True,
+    )
+    if not annotations:
+        return await asyncio.to_thread(_metric_roles, trajectory)
+    payload: dict[str, Any] = {}
+    for annotation in annotations.values():  # in the order of NEEDS: a call graph replaces the roles'
+        payload.update(await annotation)
+    return payload
 
 
 def _metric_roles(trajectory: Trajectory) -> dict[str, Any]:

@@ -30,7 +30,6 @@ from verl_credit.credit.call_extras import (
 )
 from verl_credit.dpo_export import append_dpo_pairs, build_dpo_pairs
 from verl_credit.envs.base import build_environment, episode_task
-from verl_credit.estimators.registry import get_estimator
 from verl_credit.replay import (
     CounterfactualResult,
     EditProposer,
@@ -49,6 +48,7 @@ __all__ = [
     "SessionReplayer",
     "apply_call_extras",
     "load_credit_state",
+    "reads_call_credit_settings",
     "replay_target",
     "save_credit_state",
     "session_reward",
@@ -92,7 +92,7 @@ class CallExtrasState:
         adaptive = None
         if config.adaptive_omega.enabled:
             adaptive = AdaptiveRoleWeights.from_config(config.omega, config.adaptive_omega)
-        if config.extras_enabled and not get_estimator(settings.estimator).call_credit_parts:
+        if config.extras_enabled and not reads_call_credit_settings(settings):
             logger.warning(
                 "credit.call_credit.{counterfactual,ig_downweight,adaptive_omega} apply to the call_credit "
                 "estimator only; algorithm.adv_estimator=%s ignores them",
@@ -102,7 +102,18 @@ class CallExtrasState:
 
     def applies_to(self, settings: CreditSettings) -> bool:
         """Whether a step with these settings runs the optional parts (call_credit, a switch on)."""
-        return get_estimator(settings.estimator).call_credit_parts and self.config.extras_enabled
+        return reads_call_credit_settings(settings) and self.config.extras_enabled
+
+    def replays(self, settings: CreditSettings) -> bool:
+        """Whether a step with these settings replays calls (it then needs the rows' ``extra_info``)."""
+        return reads_call_credit_settings(settings) and self.config.needs_replay
+
+
+def reads_call_credit_settings(settings: CreditSettings) -> bool:
+    """Whether the estimator's settings section is ``credit.call_credit``: the optional parts are
+    sub-sections of it, so they run for every estimator that reads it (``call_credit`` and any
+    plug-in that declares ``settings = CallCreditConfig``)."""
+    return settings.credit.registered_estimator.settings is CallCreditConfig
 
     def credit_config(self, config: CreditConfig) -> CreditConfig:
         """``config`` with the running omega when adaptive_omega is on (else ``config`` itself)."""

@@ -1,5 +1,6 @@
 """One step's token advantages from a verl batch: sessions -> estimator inputs -> batch credit ->
-(optional CALL-CREDIT parts) -> token advantages + the step's metrics."""
+(optional CALL-CREDIT parts) -> token advantages (the estimator's token hook included) + the
+step's metrics."""
 
 from __future__ import annotations
 
@@ -10,12 +11,9 @@ from typing import Any
 
 import torch
 
-from verl_credit.credit.call_credit import fuse_token_advantages
-from verl_credit.credit.call_extras import route_rv_reward_tokens, rv_reward_matrix
-from verl_credit.credit.tokens import scatter_action_values_to_tokens
-from verl_credit.estimators.registry import get_estimator
+from verl_credit.estimators.registry import TokenLayout
 from verl_credit.metrics import compute_credit_metrics
-from verl_credit.routing import BatchCredit, compute_batch_credit, route_token_advantages
+from verl_credit.routing import credit_from_inputs, estimator_token_advantages
 from verl_credit.verl.annotation import annotate_now
 from verl_credit.verl.batch import build_span_tensors, group_sessions
 from verl_credit.verl.call_extras_step import CallExtrasState, apply_call_extras, session_reward
@@ -23,7 +21,6 @@ from verl_credit.verl.session_failures import drop_failed_groups
 from verl_credit.verl.session_inputs import (
     Annotate,
     CreditStep,
-    SessionGraphs,
     annotation_timed_out,
     neutralize_groups,
     payload_count,
@@ -32,7 +29,7 @@ from verl_credit.verl.session_inputs import (
 )
 from verl_credit.verl.settings import CreditSettings
 
-__all__ = ["compute_credit_advantages", "token_advantages"]
+__all__ = ["compute_credit_advantages"]
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
@@ -83,17 +80,8 @@ def compute_credit_advantages(
     found = session_graphs(sessions, inputs, settings, annotate)
     state = call_extras if call_extras is not None and call_extras.applies_to(settings) else None
     config = state.credit_config(settings.credit) if state is not None else settings.credit
-    credit = compute_batch_credit(
-        inputs.scores,
-        [s.uid for s in sessions],
-        inputs.lengths,
-        config,
-        found.graphs,
-        found.call_graphs,
-        anchor_states=found.anchor_states,
-        turn_rewards=found.turn_rewards,
-        information_gains=found.information_gains,
-    )
+    estimator_inputs = found.estimator_inputs([s.uid for s in sessions], inputs.scores)
+    credit = credit_from_inputs(estimator_inputs, inputs.lengths, config)
     if inputs.nonfinite:
         neutralize_groups(credit, sessions, inputs.nonfinite)
     extra_metrics: dict[str, float] = {}
@@ -102,7 +90,8 @@ def compute_credit_advantages(
         rewards = [session_reward(extras[s.final_row], float(inputs.scores[n])) for n, s in enumerate(sessions)]
         credit, extra_metrics = apply_call_extras(credit, inputs, infos, rewards, settings.env, state, step)
     row_trajectory = torch.tensor([max(s, 0) for s in row_session], dtype=torch.long)
-    routed, rv_total = token_advantages(credit, row_trajectory, inputs.spans_per_row, response_length, settings, found)
+    layout = TokenLayout(row_trajectory, *build_span_tensors(inputs.spans_per_row), response_length)
+    routed, hook_metrics = estimator_token_advantages(credit, layout, estimator_inputs, config)
     real = torch.tensor([s >= 0 for s in row_session], dtype=torch.bool).unsqueeze(-1)
     advantages = torch.where(real, routed * response_mask, advantages)
     nonfinite_advantages = ~torch.isfinite(advantages)
@@ -122,8 +111,7 @@ def compute_credit_advantages(
         rewards=inputs.scores,
         groups=[s.uid for s in sessions],
     )
-    if rv_total is not None:
-        metrics["credit/rv_reward_per_session"] = rv_total / len(sessions)
+    metrics.update(hook_metrics)
     metrics.update(extra_metrics)
     metrics["credit/annotated_in_trainer"] = float(found.annotated_in_trainer)
     metrics["credit/trainer_annotation_timeouts"] = float(found.trainer_annotation_timeouts)
@@ -145,36 +133,3 @@ def compute_credit_advantages(
     metrics.update(failures.metrics())
     metrics["credit/rows_per_session"] = float(sum(len(s.rows) for s in sessions)) / len(sessions)
     return CreditStep(advantages, credit, sessions, metrics, config)
-
-
-def token_advantages(
-    credit: BatchCredit,
-    row_trajectory: torch.Tensor,
-    spans_per_row: list[list[tuple[int, int, int]]],
-    response_length: int,
-    settings: CreditSettings,
-    found: SessionGraphs,
-) -> tuple[torch.Tensor, float | None]:
-    """``(rows, R)`` token advantages: ``A_tau * w_i`` on the tokens of action ``i``
-    (``routing.route_token_advantages``); for call_credit also the alpha fusion (eq. 13) and the
-    optional RV reward (eq. 14). Returns the advantages and the batch's total RV reward (or None)."""
-    span_action, span_start, span_end = build_span_tensors(spans_per_row)
-    dtype = credit.trajectory_advantage.dtype
-    routed = route_token_advantages(credit, row_trajectory, span_action, span_start, span_end, response_length, dtype)
-    if not get_estimator(settings.estimator).call_credit_parts:
-        return routed, None
-    call_cfg = settings.credit.call_credit
-    if call_cfg.alpha > 0:
-        ones = torch.ones_like(credit.weight, dtype=dtype)[row_trajectory]
-        action_tokens = scatter_action_values_to_tokens(ones, span_action, span_start, span_end, response_length)
-        grpo_tokens = credit.trajectory_advantage[row_trajectory].unsqueeze(-1) * action_tokens
-        routed = fuse_token_advantages(grpo_tokens, routed, call_cfg.alpha)
-    if call_cfg.rv_reward == "off" or found.call_graphs is None:
-        return routed, None
-    rv_reward = rv_reward_matrix(
-        found.call_graphs, found.rv_statuses, credit.weight.shape[1], call_cfg.rv_reward, call_cfg.kappa
-    )
-    routed = routed + route_rv_reward_tokens(
-        rv_reward, row_trajectory, span_action, span_start, span_end, response_length, dtype=dtype
-    )
-    return routed, float(rv_reward.sum())

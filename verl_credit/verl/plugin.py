@@ -8,7 +8,7 @@ before re-raising -- a registration that silently did not happen would only show
 "Unknown trainer 'credit_sync'" inside a Ray actor.
 
 Registered:
-    advantage estimators ``iapo``, ``call_credit``  (guards: they explain what to set)
+    advantage estimators ``iapo``, ``call_credit``, ... every credit estimator (guards: they explain what to set)
     trainer mode          ``credit_sync``           (CreditTrainerSync)
     agent loop            ``credit_agent``          (CreditAgentLoop)
 and a start-up check: verl's ``validate_config`` (called by ``verl.trainer.main_ppo`` before Ray
@@ -54,8 +54,8 @@ def _wrap_validate_config() -> None:
 def register() -> None:
     # First the CPU platform (a no-op unless VERL_PLATFORM=cpu): importing the trainer below
     # already asks verl for the platform, which must then be registered.
-    # Imported for their registrations: @register("credit_agent"), register_adv_est("iapo" /
-    # "call_credit"), @register_trainer("credit_sync").
+    # Imported for their registrations: @register("credit_agent"), register_adv_est guards for
+    # every credit estimator (iapo, call_credit, ...), @register_trainer("credit_sync").
     import verl_credit.verl.agent_loop
     import verl_credit.verl.cpu.register
     import verl_credit.verl.estimators
@@ -69,7 +69,7 @@ try:
 except BaseException:
     print(
         f"[verl_credit] ERROR: the verl plugin failed to register (pid {os.getpid()}); "
-        "trainer mode 'credit_sync', agent loop 'credit_agent' and estimators 'iapo'/'call_credit' are NOT available:\n"
+        "trainer mode 'credit_sync', agent loop 'credit_agent' and the credit estimators' guards are NOT available:\n"
         + traceback.format_exc(),
         file=sys.stderr,
         flush=True,

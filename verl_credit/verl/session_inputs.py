@@ -21,8 +21,9 @@ from verl_credit.estimators.needs import (
     TURN_REWARDS_KEY,
     check_information_gains,
     check_turn_rewards,
+    gather_needs,
 )
-from verl_credit.estimators.registry import get_estimator
+from verl_credit.estimators.registry import EstimatorInputs
 from verl_credit.graph import GraphValidation, InfluenceGraph
 from verl_credit.routing import BatchCredit
 from verl_credit.trajectory import Trajectory
@@ -92,6 +93,19 @@ class SessionGraphs:
     bad_turn_rewards: int = 0
     trainer_annotation_timeouts: int = 0  # sessions the trainer's own annotation gave up on (its deadline)
 
+    def estimator_inputs(self, uids: Sequence[Any], scores: torch.Tensor) -> EstimatorInputs:
+        """What the estimator gets: the gathered needs of the B sessions (None: not needed)."""
+        return EstimatorInputs(
+            uids=list(uids),
+            scores=scores,
+            graphs=self.graphs,
+            call_graphs=self.call_graphs,
+            anchor_states=self.anchor_states,
+            turn_rewards=self.turn_rewards,
+            information_gains=self.information_gains,
+            rv_statuses=self.rv_statuses if self.call_graphs is not None else None,
+        )
+
 
 def read_sessions(
     sessions: list[Session],
@@ -158,31 +172,44 @@ def session_graphs(
     """What the estimator needs (``Estimator.needs``) of every session: influence graphs, call
     graphs, anchor states, turn rewards, information gains (the trainer's extra forward passes put
     them in each session's payload, ``verl_credit.verl.info_gain_step``)."""
-    found = SessionGraphs()
-    found.stats = AnnotationStats()
-    needs = get_estimator(settings.estimator).needs
-    if "influence_graphs" in needs:
+    stats = AnnotationStats()
+    found = SessionGraphs(stats=stats)
+
+    def influence_graphs() -> list[InfluenceGraph]:
         results = _influence_graphs(sessions, inputs, settings.annotator, annotate, found)
-        found.graphs = [result.graph for result in results]
         for result in results:
-            found.stats.add(result)
-    if "call_graphs" in needs:
-        found.call_graphs, found.rv_statuses = _call_graphs(sessions, inputs, found)
-        found.stats.total = len(sessions)
-        found.stats.parsed = len(sessions)
-        found.stats.seconds = sum(float((p.get("annotation") or {}).get("seconds", 0.0)) for p in inputs.payloads)
-    if "anchor_states" in needs:
-        found.anchor_states = _anchor_states(sessions, inputs, settings.credit, found)
-    if "information_gains" in needs:
-        found.information_gains = [
-            _information_gains(session, payload, len(lengths))
+            stats.add(result)
+        return [result.graph for result in results]
+
+    def call_graphs() -> list[CallGraph]:
+        graphs, found.rv_statuses = _call_graphs(sessions, inputs, found)
+        stats.total = len(sessions)
+        stats.parsed = len(sessions)
+        stats.seconds = sum(float((p.get("annotation") or {}).get("seconds", 0.0)) for p in inputs.payloads)
+        return graphs
+
+    def per_session(read: Callable[[Session, Mapping[str, Any], int], Any]) -> Callable[[], list[Any]]:
+        return lambda: [
+            read(session, payload, len(lengths))
             for session, payload, lengths in zip(sessions, inputs.payloads, inputs.lengths, strict=True)
         ]
-    if "turn_rewards" in needs:
-        found.turn_rewards = [
-            _turn_rewards(session, payload, len(lengths), found)
-            for session, payload, lengths in zip(sessions, inputs.payloads, inputs.lengths, strict=True)
-        ]
+
+    gathered = gather_needs(
+        settings.credit.registered_estimator.needs,
+        {
+            "influence_graphs": influence_graphs,
+            "call_graphs": call_graphs,
+            # read with the call graphs (gathered first), from the same payloads
+            "rv_statuses": lambda: found.rv_statuses,
+            "anchor_states": lambda: _anchor_states(sessions, inputs, settings.credit, found),
+            "information_gains": per_session(_information_gains),
+            "turn_rewards": per_session(lambda s, p, n: _turn_rewards(s, p, n, found)),
+        },
+        estimator=settings.estimator,
+        where="the credit trainer",
+    )
+    for name, value in gathered.items():
+        setattr(found, name, value)
     if found.call_graphs is None:
         found.role_graphs = _role_graphs(inputs.payloads)
     return found

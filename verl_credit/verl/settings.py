@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_credit.annotate import defaults as annotator_defaults
-from verl_credit.config import SECTIONS, CreditConfig, build_section, mapping_of
+from verl_credit.config import CreditConfig, build_section, credit_keys, mapping_of
 from verl_credit.config_rules import (
     MAX_COUNT,
     MAX_RETRIES,
@@ -54,7 +54,7 @@ from verl_credit.config_rules import (
     check_fields,
     setting,
 )
-from verl_credit.estimators.registry import estimator_names
+from verl_credit.estimators.registry import RESERVED_KEYS, estimator_names
 
 __all__ = [
     "CREDIT_TRAINER_MODE",
@@ -105,7 +105,6 @@ RETRIES = Number(0, MAX_RETRIES, integer=True)
 MAX_TEMPERATURE = 10.0
 #: the longest period in training steps (``credit.viz.every_n_steps``)
 MAX_STEPS = 10**9
-_CREDIT_MATH_KEYS = ("estimator", "norm_adv_by_std_in_grpo", "epsilon", "call_credit", *SECTIONS)
 #: replaced in ``credit.annotator.cache_path`` by the loading process's host name (one file per node)
 HOSTNAME_PLACEHOLDER = "{hostname}"
 #: mount table read by :func:`check_cache_location` (tests pass a fake one)
@@ -362,11 +361,13 @@ def load_settings(config: Any) -> CreditSettings:
         raise ValueError(f"credit: expected a mapping, got {type(values).__name__}")
     if algorithm is not None:
         _check_shared_normalization(values, algorithm)
-    known = set(_CREDIT_MATH_KEYS) | {"layout", "annotator", "user", "env", "debug", "viz", "session"}
+    # the credit math's keys: its scalars and every registered estimator's section (a plug-in's too)
+    math_keys = credit_keys()
+    known = set(math_keys) | RESERVED_KEYS  # RESERVED_KEYS: the scalars and the trainer's own sections
     unknown = sorted(set(values) - known)
     if unknown:
         raise ValueError(f"unknown key(s) {', '.join('credit.' + k for k in unknown)}; known: {sorted(known)}")
-    credit = CreditConfig.from_mapping({k: values[k] for k in _CREDIT_MATH_KEYS if k in values})
+    credit = CreditConfig.from_mapping({k: values[k] for k in math_keys if k in values})
     _check_edit_proposer(credit)
     if algorithm is not None:
         adv_estimator = algorithm.get("adv_estimator")

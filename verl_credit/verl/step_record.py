@@ -25,7 +25,7 @@ import glob
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -83,7 +83,7 @@ def step_record(
         "token_level_rewards": token_level_rewards.clone(),
         "payloads": [dict(credit_payload(extra)) or None for extra in extras],
         "estimator": estimator,
-        "credit_config": asdict(config),
+        "credit_config": config.to_mapping(),
         "norm_adv_by_std_in_grpo": bool(norm_adv_by_std_in_grpo),
         "epsilon": float(config.epsilon),
         "trainer_advantages": advantages.clone(),

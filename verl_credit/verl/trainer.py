@@ -65,7 +65,7 @@ from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.workers.utils.padding import response_to_nested
 
-from verl_credit.estimators.registry import get_estimator
+from verl_credit.estimators.needs import gather_needs
 from verl_credit.verl.batch import (
     MiniBatchPlan,
     ValidationBatches,
@@ -247,10 +247,23 @@ class CreditTrainerSync(PPOTrainerSync):
         # 3: credit (for call_credit with replays on, also the rows' extra_info: environment and task;
         # for info_gain, first its masked forward passes through the actor, their gains put in the payloads)
         settings = self.credit_settings
-        if "information_gains" in get_estimator(settings.estimator).needs:
+
+        def measure_information_gains() -> dict[str, float]:
             old_log_probs = data.batch["old_log_probs"] if "old_log_probs" in data.batch.keys() and not bypass else None
-            metrics.update(self._measure_information_gains(batch, uids, extras, rollout_mask, old_log_probs))
-        replaying = get_estimator(settings.estimator).call_credit_parts and settings.credit.call_credit.needs_replay
+            return self._measure_information_gains(batch, uids, extras, rollout_mask, old_log_probs)
+
+        # what the estimator needs that only the trainer can measure (the actor's passes), before
+        # the credit step reads it from the payloads
+        measured = gather_needs(
+            settings.credit.registered_estimator.needs,
+            {"information_gains": measure_information_gains},
+            estimator=settings.estimator,
+            where="the trainer's forward passes",
+            partial=True,
+        )
+        for measurement in measured.values():
+            metrics.update(measurement)
+        replaying = self.call_extras.replays(settings)
         step = compute_credit_advantages(
             batch.keys,
             batch.tags,

@@ -7,9 +7,11 @@ rollout masks, token-level rewards, and each session's transcript, spans and gra
 
 * ``grpo``: verl's ``core_algos.compute_grpo_outcome_advantage`` on each session's final row
   (verl's own GRPO), broadcast over the session's rows;
-* ``iapo`` / ``call_credit``: ``routing.compute_batch_credit`` on the sessions' rewards, group ids,
+* ``iapo`` / ``call_credit``: ``routing.credit_from_inputs`` on the sessions' rewards, group ids,
   per-action token counts (summed from the spans) and graphs, then ``A_tau * w_i`` written onto
-  each span's tokens (``alpha`` fusion included), times the response mask;
+  each span's tokens (the estimator's token hook applied per action:
+  ``routing.credit_with_token_hook``, e.g. call_credit's alpha fusion and RV reward), times the
+  response mask;
 * ``gigpo`` / ``turn_reward`` / ``info_gain``: the same, with the estimator's own per-action
   advantage (anchor states from the transcripts, the environment's turn rewards, the information
   gains the trainer measured with its masked forward passes and recorded in the payloads).
@@ -42,10 +44,11 @@ from verl_credit.estimators.needs import (
     TURN_REWARDS_KEY,
     check_information_gains,
     check_turn_rewards,
+    gather_needs,
 )
-from verl_credit.estimators.registry import get_estimator
+from verl_credit.estimators.registry import EstimatorInputs
 from verl_credit.graph import validate_graph
-from verl_credit.routing import compute_batch_credit
+from verl_credit.routing import credit_from_inputs, credit_with_token_hook
 from verl_credit.trajectory import Trajectory
 from verl_credit.verl.credit_dump import read_step_dumps
 
@@ -134,11 +137,10 @@ def expected_advantages(record: Mapping[str, Any]) -> tuple[torch.Tensor, int, l
         return expected, len(names), problems
 
     config = CreditConfig.from_mapping(record["credit_config"])
-    needs = get_estimator(config.estimator).needs
-    lengths, graphs, call_graphs, states, turn_rewards, spans_of = [], [], [], [], [], []
-    information_gains: list[list[float | None] | None] = []
+    session_payloads = [payloads[row] or {} for row in final_rows]
+    lengths, spans_of, action_counts = [], [], []
     for number, name in enumerate(names):
-        payload = payloads[final_rows[number]] or {}
+        payload = session_payloads[number]
         spans = [
             (int(a), int(s), int(e), row)
             for _, row in sessions[name]
@@ -152,44 +154,47 @@ def expected_advantages(record: Mapping[str, Any]) -> tuple[torch.Tensor, int, l
             per_action[action] += end - start
         lengths.append(per_action)
         spans_of.append(spans)
-        if "influence_graphs" in needs:
-            graph, _ = validate_graph(payload.get("graph"), num_actions)
-            graphs.append(graph)
-        if "call_graphs" in needs:
-            call_graphs.append(CallGraph.from_json(payload["call_graph"]))
-        if "anchor_states" in needs:
-            states.append(anchor_states(Trajectory.from_messages(list(payload["messages"])), config.gigpo.state))
-        if "turn_rewards" in needs:
-            turn_rewards.append(check_turn_rewards(payload.get(TURN_REWARDS_KEY), num_actions, f"session {name}"))
-        if "information_gains" in needs:
-            gains = check_information_gains(payload.get(INFORMATION_GAINS_KEY), num_actions, f"session {name}")
-            if gains is None:
+        action_counts.append(num_actions)
+
+    def information_gains() -> list[list[float | None] | None]:
+        gains = []
+        for name, payload, count in zip(names, session_payloads, action_counts, strict=True):
+            gain = check_information_gains(payload.get(INFORMATION_GAINS_KEY), count, f"session {name}")
+            if gain is None:
                 problems.append(f"session {name}: no information_gains recorded")
-            information_gains.append(gains)
-    scores = torch.stack([rewards[row].sum() for row in final_rows]).to(torch.float32)
-    credit = compute_batch_credit(
-        scores,
-        [uid_of[name] for name in names],
-        lengths,
-        config,
-        graphs if "influence_graphs" in needs else None,
-        call_graphs if "call_graphs" in needs else None,
-        anchor_states=states if "anchor_states" in needs else None,
-        turn_rewards=turn_rewards if "turn_rewards" in needs else None,
-        information_gains=information_gains if "information_gains" in needs else None,
+            gains.append(gain)
+        return gains
+
+    sessions_of = list(zip(names, session_payloads, action_counts, strict=True))
+    gathered = gather_needs(
+        config.registered_estimator.needs,
+        {
+            "influence_graphs": lambda: [validate_graph(p.get("graph"), n)[0] for _, p, n in sessions_of],
+            "call_graphs": lambda: [CallGraph.from_json(p["call_graph"]) for _, p, _ in sessions_of],
+            "rv_statuses": lambda: [list(p.get("rv_status") or [None] * n) for _, p, n in sessions_of],
+            "anchor_states": lambda: [
+                anchor_states(Trajectory.from_messages(list(p["messages"])), config.gigpo.state)
+                for _, p, _ in sessions_of
+            ],
+            "turn_rewards": lambda: [
+                check_turn_rewards(p.get(TURN_REWARDS_KEY), n, f"session {name}") for name, p, n in sessions_of
+            ],
+            "information_gains": information_gains,
+        },
+        estimator=config.estimator,
+        where="the offline check of a training run",
     )
-    call_parts = get_estimator(config.estimator).call_credit_parts
-    alpha = float(config.call_credit.alpha) if call_parts else 0.0
-    if call_parts and config.call_credit.rv_reward != "off":
-        problems.append("the RV reward (credit.call_credit.rv_reward) is not rebuilt by this check")
+    scores = torch.stack([rewards[row].sum() for row in final_rows]).to(torch.float32)
+    inputs = EstimatorInputs(uids=[uid_of[name] for name in names], scores=scores, **gathered)
+    # what every token of an action gets, the estimator's token hook (alpha fusion, RV reward) included
+    credit, _ = credit_with_token_hook(credit_from_inputs(inputs, lengths, config), inputs, config)
     for number, spans in enumerate(spans_of):
         advantage = float(credit.trajectory_advantage[number])
         for action, start, end, row in spans:
-            if credit.additive:  # gigpo, turn_reward, info_gain: the estimator's own per-action advantage
+            if credit.additive:  # gigpo, turn_reward, info_gain, a token hook: the per-action advantage
                 expected[row, start:end] = float(credit.action_advantage[number, action])
             else:
-                weight = float(credit.weight[number, action])
-                expected[row, start:end] = advantage * (alpha + (1.0 - alpha) * weight)
+                expected[row, start:end] = advantage * float(credit.weight[number, action])
     return expected * response_mask, len(names), problems
 
 
