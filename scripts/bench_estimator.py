@@ -9,8 +9,8 @@ at ``_compute_advantage``: token-level rewards, the response mask, uids, and per
 Python objects (InfluenceGraph / CallGraph and span lists). The arms:
 
 * ``verl_grpo``: ``verl.trainer.ppo.core_algos.compute_grpo_outcome_advantage``;
-* ``iapo``: span tensors from the span lists + ``routing.compute_batch_credit`` (graph degrees,
-  features, bounded weights, routing) + ``routing.route_token_advantages``. Each graph's degree
+* ``iapo``: span tensors from the span lists + ``batch_credit.compute_batch_credit`` (graph degrees,
+  features, bounded weights, routing) + ``batch_credit.route_token_advantages``. Each graph's degree
   table is computed once when the graph is built (in training: in the agent loop, when the
   trajectory is annotated) and cached on the graph; the ``cold`` arm recounts every edge
   inside the timed call;
@@ -31,11 +31,11 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from verl_credit.batch_credit import compute_batch_credit, route_token_advantages
 from verl_credit.call_graph import CallEdge, CallGraph
 from verl_credit.config import CreditConfig
-from verl_credit.credit.tokens import pad_spans
+from verl_credit.credit_math.tokens import pad_spans
 from verl_credit.graph import validate_graph
-from verl_credit.routing import compute_batch_credit, route_token_advantages
 
 
 def make_batch(trajectories: int, actions: int, response_length: int, group_size: int, seed: int):

@@ -118,7 +118,7 @@ def phases(path: Path) -> dict[str, float]:
     timed("validate graph", lambda: validate_graph(trace.raw_graph, trajectories[0].num_actions))
     given = [type(t)(**{**t.__dict__, "graph": chain_graph(t.num_actions)}) for t in trajectories]
     routed = timed("route (given graph)", lambda: route_trajectories(given, CreditConfig(estimator="iapo")))
-    from verl_credit.credit_records import credit_records
+    from verl_credit.credit_output import credit_records
 
     records = timed("records", lambda: credit_records(given, routed.credit, routed.annotations))
     timed("write", lambda: write_jsonl(path.with_suffix(".out"), records))

@@ -30,9 +30,9 @@ from verl_credit.config_rules import (
     rule_of,
     setting,
 )
-from verl_credit.credit.call_credit import CALL_CREDIT_MODES
-from verl_credit.credit.gigpo import GIGPO_MODES
-from verl_credit.credit.iapo import NEG_ROUTES
+from verl_credit.credit_math.call_credit import CALL_CREDIT_MODES
+from verl_credit.credit_math.gigpo import GIGPO_MODES
+from verl_credit.credit_math.iapo import NEG_ROUTES
 from verl_credit.estimators.registry import estimator_names, estimator_sections, get_estimator
 
 if TYPE_CHECKING:
@@ -230,7 +230,7 @@ class CallCreditConfig:
         )
 
     @property
-    def extras_enabled(self) -> bool:
+    def adjustments_enabled(self) -> bool:
         """Whether any optional part other than the RV reward is on."""
         return self.counterfactual.enabled or self.ig_downweight.enabled or self.adaptive_omega.enabled
 
@@ -270,7 +270,7 @@ class TurnRewardConfig:
 @dataclass(frozen=True)
 class InfoGainConfig:
     """``credit.info_gain``: InfoPO's turn-level information gain fused with GRPO's advantage
-    (``verl_credit.credit.info_gain``; the defaults are the authors' tau2 recipe)."""
+    (``verl_credit.credit_math.info_gain``; the defaults are the authors' tau2 recipe)."""
 
     weight: float = setting(0.1, WEIGHT)
     """beta: weight of the gated, normalized information-gain advantage (their ``intrinsic_weight``)."""

@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from verl_credit.counterfactual_replay import CounterfactualResult
 from verl_credit.io import write_jsonl
-from verl_credit.replay import CounterfactualResult
 from verl_credit.trajectory import Trajectory
 
 __all__ = ["append_dpo_pairs", "build_dpo_pairs", "counterfactual_message", "write_dpo_pairs"]

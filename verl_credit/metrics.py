@@ -38,10 +38,10 @@ from dataclasses import dataclass
 import torch
 
 from verl_credit.annotate.base import AnnotationStats
+from verl_credit.batch_credit import BatchCredit, pad_call_graphs
 from verl_credit.call_graph import CallGraph
-from verl_credit.credit.call_credit import compute_reward_hacking_rate
+from verl_credit.credit_math.call_credit import compute_reward_hacking_rate
 from verl_credit.graph import InfluenceGraph
-from verl_credit.routing import BatchCredit, pad_call_graphs
 from verl_credit.trajectory import Trajectory
 
 __all__ = [
@@ -137,7 +137,7 @@ def compute_credit_metrics(
     rewards: torch.Tensor | None = None,
     groups: Sequence[Hashable] | None = None,
 ) -> dict[str, float]:
-    """docs/design.md section 6 metrics for one batch (keys prefixed ``credit/``); ``zero_adv_groups``
+    """docs/design.md section 6 metrics for one batch (keys prefixed ``credit_math/``); ``zero_adv_groups``
     needs ``rewards`` and ``groups`` (the GRPO group id of each trajectory)."""
     metrics: dict[str, float] = {}
     if stats is not None:

@@ -74,6 +74,7 @@ __all__ = [
     "ReplyText",
     "RetryPolicy",
     "decode_body",
+    "finite_retry_after",
     "first_message",
     "log_reasoning_fallback",
     "make_async_client",
@@ -249,6 +250,17 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
+def finite_retry_after(value: str | None) -> float | None:
+    """:func:`parse_retry_after` in seconds, ``None`` when absent, unreadable or not finite."""
+    try:
+        seconds = parse_retry_after(value)
+    except (OverflowError, ValueError, TypeError):
+        return None
+    if seconds is None or not math.isfinite(seconds):
+        return None
+    return max(0.0, seconds)
+
+
 def _too_large(response: httpx.Response, limit: int, what: str) -> httpx.DecodingError:
     return httpx.DecodingError(f"response body over {limit} bytes ({what})", request=response.request)
 
@@ -272,14 +284,29 @@ def _inflate(raw: bytes, wbits: int, limit: int) -> bytes:
     return b"".join(pieces)
 
 
-def decode_body(raw: bytes, encoding: str | None, limit: int = MAX_BODY_BYTES) -> bytes:
+def decode_body(
+    raw: bytes, encoding: str | None, limit: int = MAX_BODY_BYTES, *, keep_undecodable: bool = False
+) -> bytes:
     """``raw`` undone from its ``Content-Encoding`` (``identity``, ``gzip``, ``deflate``; several in
     order), producing at most ``limit`` bytes.
 
+    ``keep_undecodable``: a body that does not decode as its header says (a header that lies, an
+    encoding other than those, a decoded body over ``limit``) comes back as sent instead of raising;
+    the caller judges the bytes (the LLM annotator: not a JSON document, a counted bad response).
+
     Raises:
         httpx.DecodingError: an encoding other than those, a body that does not decode, or a
-            decoded body over ``limit`` bytes (a gzip bomb stops there).
+            decoded body over ``limit`` bytes (a gzip bomb stops there); not with ``keep_undecodable``.
     """
+    try:
+        return _decode_body(raw, encoding, limit)
+    except httpx.DecodingError:
+        if keep_undecodable:
+            return raw
+        raise
+
+
+def _decode_body(raw: bytes, encoding: str | None, limit: int) -> bytes:
     data = raw
     names = [part.strip().lower() for part in (encoding or "").split(",") if part.strip()]
     for name in reversed(names):

@@ -14,12 +14,12 @@ from typing import Any
 
 from verl_credit.annotate.base import AnnotationResult, AnnotationStats, Annotator, graph_from_record
 from verl_credit.annotate.factory import build_annotator
+from verl_credit.batch_credit import BatchCredit, credit_from_inputs, credit_with_token_hook, trajectory_scores
 from verl_credit.call_graph import CallGraph
 from verl_credit.config import CreditConfig
 from verl_credit.estimators.needs import anchor_states_of, gather_needs, information_gains_of, turn_rewards_of
 from verl_credit.estimators.registry import EstimatorInputs
 from verl_credit.graph import InfluenceGraph
-from verl_credit.routing import BatchCredit, credit_from_inputs, credit_with_token_hook, trajectory_scores
 from verl_credit.trajectory import Trajectory
 
 __all__ = [
@@ -173,7 +173,7 @@ def route_group(
     trajectory's graph result, already made (estimators that need influence graphs); no
     annotator runs here.
     """
-    from verl_credit.credit.grpo import WIDE_SCORE
+    from verl_credit.credit_math.grpo import WIDE_SCORE
 
     needs_graphs = config.registered_estimator.needs_annotator
     if needs_graphs and (annotations is None or len(annotations) != len(trajectories)):

@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from verl_credit.credit.grpo import REWARD_LIMIT
+from verl_credit.credit_math.grpo import REWARD_LIMIT
 
 __all__ = [
     "Action",

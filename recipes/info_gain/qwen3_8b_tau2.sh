@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # InfoPO baseline (algorithm.adv_estimator=info_gain), Qwen3-8B on tau2-bench: the IAPO paper's strongest Table 1
-# comparator (verl_credit/credit/info_gain.py; the authors' tau2 defaults: weight 0.1, gate temperature 0.05,
+# comparator (verl_credit/credit_math/info_gain.py; the authors' tau2 defaults: weight 0.1, gate temperature 0.05,
 # placeholder "No information found.", gains normalized within each group).
 #
 # Same setup as recipes/grpo/qwen3_8b_tau2.sh and recipes/iapo/qwen3_8b_tau2.sh (verl/FSDP, N=16, max 30 turns,

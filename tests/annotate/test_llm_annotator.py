@@ -26,10 +26,10 @@ from verl_credit.annotate.llm import (
     answer_schema,
     chat_completions_url,
     parse_graph_completion,
-    parse_retry_after,
 )
 from verl_credit.annotate.prompt import PROMPT_VERSION, build_annotation_messages, render_transcript
 from verl_credit.graph import GraphValidation, InfluenceGraph, graph_json_schema, validate_graph
+from verl_credit.openai_chat import parse_retry_after
 from verl_credit.trajectory import Trajectory
 
 pytestmark = pytest.mark.timeout(60)

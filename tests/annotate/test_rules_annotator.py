@@ -31,9 +31,9 @@ from verl_credit.annotate.rules_dialog import (
     parse_options,
 )
 from verl_credit.annotate.rules_values import atomize, canonical_call_signature, extract_units
+from verl_credit.batch_credit import compute_batch_credit
 from verl_credit.config import CreditConfig
 from verl_credit.graph import validate_graph
-from verl_credit.routing import compute_batch_credit
 from verl_credit.trajectory import Trajectory
 
 DATA = Path(__file__).parents[1] / "data" / "rules"

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from verl_credit.annotate.defaults import LLM_ONLY_SETTINGS
 from verl_credit.config import CreditConfig
 from verl_credit.config_rules import PluginSections, Section, Switch, Weights, check_fields, rule_of, setting
 from verl_credit.verl.settings import CreditSettings, load_settings
@@ -116,9 +117,16 @@ TABLE: dict[str, tuple[Any, Any, Any]] = {
 }
 
 # what a row's key needs beside it to be valid at all (cross-key rules)
+#: an LLM annotator (what its own settings need: the rules annotator refuses them)
+LLM_ANNOTATOR = {
+    "credit.annotator.name": "llm",
+    "credit.annotator.base_urls": ["http://a:8000/v1"],
+    "credit.annotator.model": "m",
+}
 CONTEXT: dict[str, dict[str, Any]] = {
     "credit.call_credit.dpo_export.path": {"credit.call_credit.counterfactual.enabled": True},
     "credit.annotator.name": {"credit.annotator.base_urls": ["http://a:8000/v1"], "credit.annotator.model": "m"},
+    **{f"credit.annotator.{key}": LLM_ANNOTATOR for key in LLM_ONLY_SETTINGS},
 }
 
 
@@ -253,8 +261,22 @@ def test_a_field_without_a_rule_is_a_programming_error() -> None:
         check_fields(Loose(), "credit.loose")
 
 
+@pytest.mark.parametrize("key", LLM_ONLY_SETTINGS)
+def test_the_rule_annotator_refuses_a_setting_only_an_llm_reads(key: str) -> None:
+    """Set off its default, an LLM-only key with ``credit.annotator.name=rules`` is an error naming
+    it (it would be dropped), as ``verl-credit annotate --annotator rules --model m`` is."""
+    accepted = TABLE[f"credit.annotator.{key}"][0]
+    with pytest.raises(ValueError) as caught:
+        load_settings(_values({f"credit.annotator.{key}": accepted}))  # the default annotator: rules
+    assert f"credit.annotator.{key} applies to the llm and hybrid annotators, not 'rules'" in str(caught.value)
+    with_llm = _read(_load(f"credit.annotator.{key}", accepted), f"credit.annotator.{key}")
+    assert with_llm == (tuple(accepted) if isinstance(accepted, list) else accepted)
+
+
 def test_a_limit_is_switched_off_only_by_its_documented_value() -> None:
-    settings = load_settings({"annotator": {"deadline": None, "max_model_len": 0}, "viz": {"every_n_steps": 0}})
+    llm = {"name": "llm", "base_urls": ["http://a:8000/v1"], "model": "m"}
+    annotator = {**llm, "deadline": None, "max_model_len": 0}
+    settings = load_settings({"annotator": annotator, "viz": {"every_n_steps": 0}})
     assert settings.annotator.deadline is None and settings.annotator.max_model_len == 0
     assert settings.viz.every_n_steps == 0
     for key, value in [

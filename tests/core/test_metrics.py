@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from verl_credit.annotate.base import AnnotationResult, AnnotationStats
+from verl_credit.batch_credit import compute_batch_credit
 from verl_credit.call_graph import CallGraph
 from verl_credit.config import CreditConfig
 from verl_credit.graph import GraphValidation, InfluenceGraph, validate_graph
@@ -17,7 +18,6 @@ from verl_credit.metrics import (
     count_redundant_tool_calls,
     zero_variance_group_share,
 )
-from verl_credit.routing import compute_batch_credit
 from verl_credit.trajectory import Trajectory
 
 

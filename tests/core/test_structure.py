@@ -99,9 +99,9 @@ def test_no_new_lazy_import_cycles() -> None:
 
 def test_the_credit_math_imports_no_io_no_verl_and_no_annotator() -> None:
     modules = _modules()
-    allowed = ("verl_credit.credit", "verl_credit.config", "verl_credit.call_graph", "verl_credit.graph")
+    allowed = ("verl_credit.credit_math", "verl_credit.config", "verl_credit.call_graph", "verl_credit.graph")
     for name, path in modules.items():
-        if not (name == "verl_credit.credit" or name.startswith("verl_credit.credit.")):
+        if not (name == "verl_credit.credit_math" or name.startswith("verl_credit.credit_math.")):
             continue
         source = path.read_text(encoding="utf-8")
         assert not re.search(r"^\s*(import|from) verl\b", source, re.M), name
@@ -125,7 +125,7 @@ def test_no_branch_on_an_estimator_name_outside_the_registry() -> None:
 
 #: what the annotators and the task worlds may not import: they produce graphs and transcripts,
 #: and must not depend on how credit is computed or drawn
-CREDIT_SIDE = ("verl_credit.credit", "verl_credit.estimators", "verl_credit.routing", "verl_credit.report")
+CREDIT_SIDE = ("verl_credit.credit_math", "verl_credit.estimators", "verl_credit.batch_credit", "verl_credit.report")
 
 
 def test_annotators_and_environments_import_nothing_of_the_credit_side() -> None:

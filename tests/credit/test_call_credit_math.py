@@ -1,4 +1,4 @@
-"""CALL-CREDIT decomposition (docs/design.md section 4) through the shared batch path ``routing``:
+"""CALL-CREDIT decomposition (docs/design.md section 4) through the shared batch path ``batch_credit``:
 hand-computed examples (both modes, lambda 0 and 1, alpha fusion), per-request vs prefix-merged layout
 invariance on random sessions, and ``credit/reward_hacking_rate``."""
 
@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
+from verl_credit.batch_credit import compute_batch_credit, route_token_advantages
 from verl_credit.call_graph import CallEdge, CallGraph
 from verl_credit.config import CallCreditConfig, CreditConfig
-from verl_credit.credit.call_credit import compute_reward_hacking_rate, fuse_token_advantages
-from verl_credit.routing import compute_batch_credit, route_token_advantages
+from verl_credit.credit_math.call_credit import compute_reward_hacking_rate, fuse_token_advantages
 
 # Batch of one GRPO group "g" with R = (1, 0): mean 0.5, Bessel std 0.70711 -> A = +-0.5 / (0.70711 + 1e-6)
 A_POS = 0.5 / (2**-0.5 + 1e-6)

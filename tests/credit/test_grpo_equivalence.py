@@ -7,12 +7,12 @@ import pytest
 import torch
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
+from verl_credit.batch_credit import compute_batch_credit, route_token_advantages
 from verl_credit.call_graph import CallGraph
 from verl_credit.config import CallCreditConfig, CreditConfig
-from verl_credit.credit.grpo import compute_grpo_trajectory_advantage
-from verl_credit.credit.tokens import spans_from_response_mask
+from verl_credit.credit_math.grpo import compute_grpo_trajectory_advantage
+from verl_credit.credit_math.tokens import spans_from_response_mask
 from verl_credit.graph import InfluenceGraph
-from verl_credit.routing import compute_batch_credit, route_token_advantages
 
 
 def random_batch(seed: int, batch: int = 64, response_length: int = 96, group_size: int = 4):

@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import trajectories_with_graphs
 
+from verl_credit.batch_credit import compute_batch_credit, pad_influence_graphs
 from verl_credit.config import CreditConfig, IAPOConfig
-from verl_credit.credit.iapo import compute_bounded_weights, compute_iapo_weights, compute_iapo_weights_reference
+from verl_credit.credit_math.iapo import compute_bounded_weights, compute_iapo_weights, compute_iapo_weights_reference
 from verl_credit.graph import InfluenceGraph, validate_graph
-from verl_credit.routing import compute_batch_credit, pad_influence_graphs
 
 
 def route_one(graph: InfluenceGraph, lengths: list[int], advantage: float, **iapo) -> list[float]:

@@ -19,8 +19,9 @@ import math
 import pytest
 import torch
 
+from verl_credit.batch_credit import compute_batch_credit
 from verl_credit.config import CreditConfig, InfoGainConfig
-from verl_credit.credit.info_gain import (
+from verl_credit.credit_math.info_gain import (
     compute_feedback_gain,
     compute_info_gain_advantage,
     compute_info_gain_advantage_reference,
@@ -31,7 +32,6 @@ from verl_credit.credit.info_gain import (
     normalize_intrinsic_rewards,
 )
 from verl_credit.estimators import get_estimator
-from verl_credit.routing import compute_batch_credit
 
 SCORES = [1.0, 0.0, 0.0, 0.0]
 UIDS = ["a", "a", "b", "b"]
@@ -126,7 +126,7 @@ def test_reference_equals_batched(seed: int, norm_by_std: bool, normalize: bool)
         info_gain=InfoGainConfig(weight=0.7, gate_temperature=0.3, normalize=normalize),
     )
     credit = compute_batch_credit(scores, uids, lengths, config, information_gains=gains)
-    from verl_credit.credit.grpo import compute_group_statistics
+    from verl_credit.credit_math.grpo import compute_group_statistics
 
     _, std = compute_group_statistics(scores.to(torch.float64), uids)
     reference = compute_info_gain_advantage_reference(

@@ -14,7 +14,7 @@ non-default value whose effect is visible, and each expected number comes from d
   hand case, used for the parametrized variants (one knob at a time, so a dropped or swapped knob
   changes the number and fails the test that names it);
 * the public entry points: ``compute_iapo_weights``, ``compute_grpo_trajectory_advantage``,
-  ``credit.call_credit``, ``routing.compute_batch_credit`` with ``CreditConfig.from_mapping``, and the
+  ``credit.call_credit``, ``batch_credit.compute_batch_credit`` with ``CreditConfig.from_mapping``, and the
   CLI ``verl-credit route`` on small rollouts files;
 * ``test_every_route_flag_is_pinned`` / ``test_every_credit_math_key_is_pinned``: a new flag or key
   fails until it is pinned here (or listed as not-math with the reason).
@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 import torch
 
+from verl_credit.batch_credit import compute_batch_credit, trajectory_scores
 from verl_credit.call_graph import CallEdge, CallGraph
 from verl_credit.cli.main import build_parser, main
 from verl_credit.config import (
@@ -42,11 +43,10 @@ from verl_credit.config import (
     InfoGainConfig,
     TurnRewardConfig,
 )
-from verl_credit.credit import call_credit
-from verl_credit.credit.grpo import compute_grpo_trajectory_advantage
-from verl_credit.credit.iapo import compute_iapo_weights
+from verl_credit.credit_math import call_credit
+from verl_credit.credit_math.grpo import compute_grpo_trajectory_advantage
+from verl_credit.credit_math.iapo import compute_iapo_weights
 from verl_credit.graph import validate_graph
-from verl_credit.routing import compute_batch_credit, trajectory_scores
 
 # ---------------------------------------------------------------------------------------------
 # Plain-Python transcriptions of the docs/design.md formulas (the expected values; no project code)
@@ -1116,7 +1116,7 @@ def test_cli_route_annotator_and_fallback_flags(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# info_gain (InfoPO, verl_credit/credit/info_gain.py equations 2-6): keys and flags
+# info_gain (InfoPO, verl_credit/credit_math/info_gain.py equations 2-6): keys and flags
 # ---------------------------------------------------------------------------------------------
 
 
@@ -1421,8 +1421,8 @@ PINNED_CREDIT_KEYS: dict[str, str] = {
 #: credit.info_gain keys used by the trainer's masked forward passes, not by the math: pinned in
 #: tests/verl/test_info_gain_trainer.py (a non-default placeholder reaches the masked rows)
 TRAINER_INFO_GAIN_KEYS = {"placeholder"}
-#: credit.call_credit keys of the trainer's replays: pinned in tests/verl (test_trainer_call_extras.py)
-#: and tests/credit/test_call_credit_extras.py, not reachable from `verl-credit route`
+#: credit.call_credit keys of the trainer's replays: pinned in tests/verl (test_trainer_call_adjustments.py)
+#: and tests/credit/test_call_credit_adjustments.py, not reachable from `verl-credit route`
 TRAINER_CALL_CREDIT_KEYS = {
     "counterfactual",
     "ig_downweight",

@@ -10,10 +10,10 @@ import pytest
 import torch
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
+from verl_credit.batch_credit import compute_batch_credit, trajectory_scores
 from verl_credit.config import CallCreditConfig, CreditConfig, IAPOConfig
-from verl_credit.credit.grpo import WIDE_SCORE, compute_grpo_trajectory_advantage
+from verl_credit.credit_math.grpo import WIDE_SCORE, compute_grpo_trajectory_advantage
 from verl_credit.graph import InfluenceGraph
-from verl_credit.routing import compute_batch_credit, trajectory_scores
 
 UIDS = ["a", "a", "a", "a", "b", "b"]
 
@@ -121,7 +121,7 @@ def test_nonfinite_settings_are_rejected_by_the_dataclasses_too() -> None:
 @pytest.mark.parametrize("norm_by_std", [True, False])
 def test_rewards_at_the_reward_limit_give_finite_credit_for_every_estimator(estimator: str, norm_by_std: bool) -> None:
     from verl_credit.call_graph import CallGraph
-    from verl_credit.credit.grpo import REWARD_LIMIT
+    from verl_credit.credit_math.grpo import REWARD_LIMIT
 
     scores = trajectory_scores([REWARD_LIMIT, -REWARD_LIMIT, REWARD_LIMIT, REWARD_LIMIT, 1.0, 0.0])
     config = CreditConfig.from_mapping({"estimator": estimator, "norm_adv_by_std_in_grpo": norm_by_std})

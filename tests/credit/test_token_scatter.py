@@ -6,10 +6,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from verl_credit.batch_credit import compute_batch_credit, route_token_advantages
 from verl_credit.config import CreditConfig
-from verl_credit.credit.tokens import scatter_action_values_to_tokens, spans_from_response_mask
+from verl_credit.credit_math.tokens import scatter_action_values_to_tokens, spans_from_response_mask
 from verl_credit.graph import validate_graph
-from verl_credit.routing import compute_batch_credit, route_token_advantages
 
 
 def test_spans_tile_the_response_hand_example() -> None:

@@ -16,12 +16,12 @@ import pytest
 import torch
 
 from verl_credit.annotate.base import AnnotationResult, AnnotationStats
+from verl_credit.batch_credit import compute_batch_credit
 from verl_credit.call_graph import ROLES, CallGraph
 from verl_credit.config import CreditConfig
-from verl_credit.credit.call_extras import AdaptiveRoleWeights
+from verl_credit.credit_math.call_adjustments import AdaptiveRoleWeights
 from verl_credit.graph import GraphValidation, InfluenceGraph, validate_graph
 from verl_credit.metrics import METRIC_DOCS, METRIC_GROUPS, VERL_METRIC_DOCS, MetricDoc, compute_credit_metrics
-from verl_credit.routing import compute_batch_credit
 from verl_credit.trajectory import Trajectory
 from verl_credit.verl.info_gain_step import InformationGains
 from verl_credit.verl.session_failures import FAILURE_KINDS, FailedSessions

@@ -243,7 +243,7 @@ def test_replay_sees_counterfactual_state_and_environment_replay() -> None:
 
 @pytest.mark.timeout(90)
 def test_environment_satisfies_the_replay_protocol_of_counterfactual_calibration() -> None:
-    from verl_credit.replay import AlternativeEdit, ReplayEnvironment, ReplayRequest, run_replays
+    from verl_credit.counterfactual_replay import AlternativeEdit, ReplayEnvironment, ReplayRequest, run_replays
     from verl_credit.trajectory import Trajectory
 
     name = "roman_numerals"

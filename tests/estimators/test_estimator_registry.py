@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from verl_credit.batch_credit import compute_batch_credit, trajectory_scores
 from verl_credit.cli.main import main as cli_main
 from verl_credit.config import CreditConfig, GiGPOConfig, TurnRewardConfig
 from verl_credit.estimators import Estimator, estimator_names, get_estimator, register_estimator
 from verl_credit.estimators.needs import anchor_states_of, turn_rewards_of
-from verl_credit.routing import compute_batch_credit, trajectory_scores
 from verl_credit.trajectory import Trajectory
 
 GAMMA = 0.95

@@ -17,8 +17,8 @@ import pytest
 
 from verl_credit.cli.main import main
 from verl_credit.ingest import ingest_log
-from verl_credit.ingest.anthropic_messages import anthropic_response_message
-from verl_credit.ingest.records import in_stream_error, stream_events
+from verl_credit.ingest.anthropic_messages_log import anthropic_response_message
+from verl_credit.ingest.log_lines import in_stream_error, stream_events
 from verl_credit.io import InputError
 from verl_credit.trajectory import Trajectory
 

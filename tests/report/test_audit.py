@@ -11,7 +11,7 @@ import pytest
 
 from verl_credit.cli.main import main
 from verl_credit.config import IAPOConfig
-from verl_credit.credit.iapo import compute_iapo_weights_reference
+from verl_credit.credit_math.iapo import compute_iapo_weights_reference
 from verl_credit.graph import validate_graph
 from verl_credit.report.audit import (
     AUDIT_KEYS,

@@ -16,6 +16,7 @@ from matplotlib.figure import Figure
 
 from verl_credit.cli.main import main
 from verl_credit.io import InputError
+from verl_credit.report.credit_input import load_credit_lines, parse_credit_line
 from verl_credit.report.figures import (
     ABOVE_COLOR,
     BELOW_COLOR,
@@ -27,7 +28,6 @@ from verl_credit.report.figures import (
     trajectory_figure,
 )
 from verl_credit.report.html import pick_trajectories, render_report
-from verl_credit.report.records import load_credit_lines, parse_credit_line
 
 
 def credit_line(weights, advantage=0.5, graph=None, call_graph=None, reward=1.0, line_id="t1"):

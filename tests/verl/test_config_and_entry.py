@@ -72,8 +72,8 @@ OVERRIDES: dict[str, tuple[str, object]] = {
     "credit.call_credit.counterfactual.eta": ("0.25", 0.25),
     "credit.call_credit.counterfactual.factor_floor": ("0.01", 0.01),
     "credit.call_credit.counterfactual.proposer": (
-        "verl_credit.replay:RemoveCallProposer",
-        "verl_credit.replay:RemoveCallProposer",
+        "verl_credit.counterfactual_replay:RemoveCallProposer",
+        "verl_credit.counterfactual_replay:RemoveCallProposer",
     ),
     "credit.call_credit.counterfactual.concurrency": ("2", 2),
     "credit.call_credit.counterfactual.timeout": ("60.0", 60.0),

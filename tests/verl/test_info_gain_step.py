@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from verl_credit.batch_credit import compute_batch_credit
 from verl_credit.config import CreditConfig
-from verl_credit.routing import compute_batch_credit
 from verl_credit.verl.info_gain_step import (
     FeedbackPair,
     InformationGains,

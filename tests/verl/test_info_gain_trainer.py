@@ -24,9 +24,9 @@ import pytest
 import torch
 from verl_helpers import DEFAULT_PLANS, TinyModelServer, batch_meta, compose_credit_config, put_session, run_session
 
+from verl_credit.batch_credit import compute_batch_credit
 from verl_credit.config import CreditConfig
-from verl_credit.credit.info_gain import mask_feedback_tokens
-from verl_credit.routing import compute_batch_credit
+from verl_credit.credit_math.info_gain import mask_feedback_tokens
 from verl_credit.verl.cpu.check import expected_advantages
 from verl_credit.verl.info_gain_step import PARTITION
 

@@ -35,10 +35,10 @@ from verl_helpers import (
 
 import verl_credit.verl.annotation as annotation_module
 from verl_credit.annotate.base import ANNOTATORS, AnnotationResult, Annotator
+from verl_credit.batch_credit import compute_batch_credit
 from verl_credit.call_graph import CallEdge, CallGraph
 from verl_credit.graph import GraphValidation, InfluenceGraph
 from verl_credit.metrics import DESIGN_METRICS
-from verl_credit.routing import compute_batch_credit
 from verl_credit.trajectory import Trajectory
 from verl_credit.verl.settings import load_settings
 
@@ -265,7 +265,7 @@ def test_turn_reward_routes_the_environments_turn_rewards(stored, ray_tq):
 
 @pytest.mark.timeout(180)
 def test_advantages_equal_credit_core_output(stored, ray_tq):
-    """gM: every written token advantage equals routing.compute_batch_credit's action advantage
+    """gM: every written token advantage equals batch_credit.compute_batch_credit's action advantage
     for the same trajectories (rebuilt here from the rollout outputs, not from TransferQueue)."""
     meta = batch_meta(ray_tq, ["gM_"])
     metrics: dict[str, float] = {}

@@ -34,6 +34,7 @@ from verl_helpers import TinyModelServer, batch_meta, compose_credit_config, put
 
 import verl_credit.verl.annotation as annotation_module
 import verl_credit.verl.credit_step as credit_step_module
+from verl_credit.batch_credit import compute_batch_credit
 from verl_credit.call_graph import CallEdge, CallGraph
 from verl_credit.envs.base import (
     ENVIRONMENTS,
@@ -43,7 +44,6 @@ from verl_credit.envs.base import (
     UserTurn,
     register_environment,
 )
-from verl_credit.routing import compute_batch_credit
 from verl_credit.trajectory import Trajectory
 from verl_credit.verl.settings import load_settings
 
@@ -232,10 +232,10 @@ def test_switches_off_leave_advantages_identical(stored, ray_tq, monkeypatch):
     meta = batch_meta(ray_tq, ["xM_", "xP_"])
 
     def must_not_run(*args, **kwargs):
-        raise AssertionError("apply_call_extras ran with every switch off")
+        raise AssertionError("apply_call_adjustments ran with every switch off")
 
     with monkeypatch.context() as patch:
-        patch.setattr(credit_step_module, "apply_call_extras", must_not_run)
+        patch.setattr(credit_step_module, "apply_call_adjustments", must_not_run)
         reference, metrics = _step(ray_tq, meta, stored)
         _step(
             ray_tq, meta, stored, "credit.call_credit.counterfactual.eta=3.0", "credit.call_credit.adaptive_omega.rho=1"
@@ -437,11 +437,11 @@ def test_adaptive_omega_moves_toward_the_target_and_stays_in_bounds(stored, ray_
     assert share["IG"] > 0.3 and expected["IG"] > omega0["IG"]
     assert share["RV"] < 0.2 and expected["RV"] < omega0["RV"]
     assert sum(expected.values()) == pytest.approx(2.0)
-    assert trainer.call_extras.adaptive.omega == pytest.approx(expected, rel=1e-5)
+    assert trainer.call_adjustments.adaptive.omega == pytest.approx(expected, rel=1e-5)
 
     # step 2 routes with the updated omega (and updates it again)
     settings = load_settings(trainer.config)
-    config = trainer.call_extras.credit_config(settings.credit)
+    config = trainer.call_adjustments.credit_config(settings.credit)
     second, _ = _step(ray_tq, meta, stored, trainer=trainer)
     trajectories = [
         Trajectory.from_messages(
@@ -472,16 +472,16 @@ def test_adaptive_omega_moves_toward_the_target_and_stays_in_bounds(stored, ray_
     trainer.global_steps = 2
     trainer._save_checkpoint()
     saved = json.loads((tmp_path / "global_step_2" / "credit_state.json").read_text())
-    assert saved["adaptive_omega"]["omega"] == trainer.call_extras.adaptive.omega
+    assert saved["adaptive_omega"]["omega"] == trainer.call_adjustments.adaptive.omega
 
     def resume(self):
         self.global_steps = 2
 
     monkeypatch.setattr(PPOTrainerSync, "_load_checkpoint", resume)
     restored = _trainer(*overrides)
-    assert restored.call_extras.adaptive.omega == omega0
+    assert restored.call_adjustments.adaptive.omega == omega0
     restored._load_checkpoint()
-    assert restored.call_extras.adaptive.state_dict() == trainer.call_extras.adaptive.state_dict()
+    assert restored.call_adjustments.adaptive.state_dict() == trainer.call_adjustments.adaptive.state_dict()
 
     bounded = _trainer(
         "credit.call_credit.adaptive_omega.enabled=true",
@@ -544,7 +544,7 @@ def test_hydra_overrides_of_the_optional_parts():
                 *BASE,
                 "credit.call_credit.counterfactual.enabled=true",
                 "credit.call_credit.counterfactual.budget=2",
-                "credit.call_credit.counterfactual.proposer=verl_credit.replay:RemoveCallProposer",
+                "credit.call_credit.counterfactual.proposer=verl_credit.counterfactual_replay:RemoveCallProposer",
                 "credit.call_credit.ig_downweight.theta_ig=0.25",
                 "credit.call_credit.adaptive_omega.omega_max=1.5",
                 "credit.call_credit.dpo_export.path=/tmp/pairs.jsonl",
@@ -609,7 +609,7 @@ def test_counterfactual_replays_the_real_coding_sandbox():
     (Delta = 0 - 0 = 0 -> unchanged). The row's ``extra_info`` has the recipe's shape
     (``{"env": "coding", "task": "median_even"}``)."""
     from verl_credit.envs.coding_agent import run_scripted_agent
-    from verl_credit.verl.call_extras_step import CallExtrasState
+    from verl_credit.verl.call_adjustments_step import CallAdjustmentsState
     from verl_credit.verl.credit_step import compute_credit_advantages
 
     correct = run_scripted_agent("median_even", "correct")
@@ -634,7 +634,7 @@ def test_counterfactual_replays_the_real_coding_sandbox():
         mask,
         reward,
         on,
-        call_extras=CallExtrasState.from_settings(on),
+        call_adjustments=CallAdjustmentsState.from_settings(on),
         extra_infos=infos,
     )
     assert step.metrics["credit/counterfactual_failures"] == 0.0, step.metrics

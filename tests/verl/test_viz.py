@@ -19,8 +19,8 @@ import pytest
 import torch
 from matplotlib.image import imread
 
+from verl_credit.report.credit_input import parse_credit_line
 from verl_credit.report.figures import branch_weights, trajectory_figure
-from verl_credit.report.records import parse_credit_line
 from verl_credit.verl.settings import VizSettings, load_settings
 from verl_credit.verl.step_record import rebuild_step
 from verl_credit.verl.viz import (

@@ -24,3 +24,18 @@ BACKOFF_MAX_S = 30.0
 RETRY_AFTER_MAX_S = 60.0
 #: the graph after a final failure: ``rules`` or ``uniform``
 FALLBACK = "rules"
+
+#: the annotators that ask an LLM (the others are built from rules)
+LLM_ANNOTATORS: tuple[str, ...] = ("llm", "hybrid")
+#: settings only an LLM annotator reads: given to another annotator (off their defaults), they are
+#: refused -- by ``verl-credit annotate``/``route`` (as flags) and by the trainer
+#: (``credit.annotator.*``) alike -- rather than silently dropped
+LLM_ONLY_SETTINGS: tuple[str, ...] = (
+    "base_urls",
+    "model",
+    "timeout",
+    "max_retries",
+    "max_model_len",
+    "max_prompt_tokens",
+    "trust_env",
+)

@@ -74,7 +74,6 @@ import random
 import re
 import ssl
 import time
-import zlib
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -89,8 +88,9 @@ from verl_credit.graph import EDGE_TYPES, SIGNS, GraphValidation, InfluenceGraph
 from verl_credit.openai_chat import (
     ACCEPT_ENCODING,
     RetryPolicy,
+    decode_body,
+    finite_retry_after,
     make_async_client,
-    parse_retry_after,
     read_body,
     status_failure,
     transport_failure,
@@ -117,7 +117,6 @@ __all__ = [
     "is_context_length_error",
     "models_url",
     "parse_graph_completion",
-    "parse_retry_after",
     "strip_reasoning",
 ]
 
@@ -999,7 +998,7 @@ class LLMAnnotator(Annotator):
     async def _post(self, body: bytes, endpoint: int, clock: _Deadline) -> _Reply:
         """One HTTP attempt to endpoint ``endpoint`` -> the 200 reply; raises :class:`AnnotationFailure`.
 
-        The body is read raw and decoded here (:func:`_decode_body`): a ``Content-Encoding``
+        The body is read raw and decoded here (:func:`~verl_credit.openai_chat.decode_body`): a ``Content-Encoding``
         header that does not fit the body, or an odd ``Content-Type``, does not cost the answer.
         """
         semaphore = self._ensure_clients()
@@ -1027,7 +1026,7 @@ class LLMAnnotator(Annotator):
         status = reply.status
         kind = status_failure(status)
         if kind is not None and RetryPolicy.retried(kind):
-            retry_after = _sane_retry_after(reply.headers.get("retry-after"))
+            retry_after = finite_retry_after(reply.headers.get("retry-after"))
             raise AnnotationFailure(kind, f"{url}: HTTP {status}: {reply.text(200)}", retry_after=retry_after)
         self._mark_alive(endpoint)  # it answered: whatever the answer says, the endpoint is up
         if status != 200:
@@ -1054,13 +1053,17 @@ class LLMAnnotator(Annotator):
         except httpx.RemoteProtocolError:
             # the connection closed before the Content-Length the header promised: when what did
             # arrive is a whole JSON document, the header lied and the answer is kept
-            body = _decode_body(b"".join(chunks), response.headers.get("content-encoding"))
+            body = decode_body(
+                b"".join(chunks), response.headers.get("content-encoding"), MAX_RESPONSE_BYTES, keep_undecodable=True
+            )
             if response.status_code != 200 or not _is_json_document(body):
                 raise
             return _Reply(response.status_code, response.headers, body, str(url))
         finally:
             await response.aclose()
-        decoded = _decode_body(b"".join(chunks), response.headers.get("content-encoding"))
+        decoded = decode_body(
+            b"".join(chunks), response.headers.get("content-encoding"), MAX_RESPONSE_BYTES, keep_undecodable=True
+        )
         return _Reply(response.status_code, response.headers, decoded, str(url))
 
     async def _fall_back(
@@ -1116,7 +1119,7 @@ class _EndpointHealth:
 
 @dataclass
 class _Reply:
-    """An HTTP answer, its body read raw and decoded by :func:`_decode_body`."""
+    """An HTTP answer, its body read raw and decoded by :func:`~verl_credit.openai_chat.decode_body`."""
 
     status: int
     headers: httpx.Headers
@@ -1135,49 +1138,11 @@ def _is_json_document(body: bytes) -> bool:
     return True
 
 
-def _decode_body(raw: bytes, encoding: str | None) -> bytes:
-    """``raw`` undone from its ``Content-Encoding`` (gzip, deflate; others as httpx would, if
-    installed). A header that lies -- the body is not encoded as it says -- leaves the raw bytes."""
-    if not encoding or not raw:
-        return raw
-    data = raw
-    for name in reversed([part.strip().lower() for part in encoding.split(",") if part.strip()]):
-        if name in ("identity", ""):
-            continue
-        try:
-            if name in ("gzip", "x-gzip"):
-                data = _inflate(data, 16 + zlib.MAX_WBITS)
-            elif name == "deflate":
-                try:
-                    data = _inflate(data, zlib.MAX_WBITS)
-                except zlib.error:
-                    data = _inflate(data, -zlib.MAX_WBITS)  # raw deflate, as some servers send it
-            else:
-                return raw  # br, zstd, ...: httpx did not offer them unless installed; keep the bytes
-        except (zlib.error, ValueError):
-            return raw
-    return data
-
-
-def _inflate(data: bytes, wbits: int) -> bytes:
-    inflater = zlib.decompressobj(wbits)
-    out = inflater.decompress(data, MAX_RESPONSE_BYTES)
-    if inflater.unconsumed_tail:
-        raise ValueError(f"decoded body over {MAX_RESPONSE_BYTES} bytes")
-    if not inflater.eof:
-        raise zlib.error("incomplete compressed body")
-    return out
-
-
-def _sane_retry_after(value: str | None) -> float | None:
-    """A ``Retry-After`` header in seconds, ``None`` when absent, unreadable or not finite."""
-    try:
-        seconds = parse_retry_after(value)
-    except (OverflowError, ValueError, TypeError):
-        return None
-    if seconds is None or not math.isfinite(seconds):
-        return None
-    return max(0.0, seconds)
+def _decoded(chunks: Sequence[bytes], response: httpx.Response) -> bytes:
+    """The body's bytes undone from their ``Content-Encoding``, at most :data:`MAX_RESPONSE_BYTES`;
+    as sent when they do not decode (a header that lies): the caller judges them."""
+    encoding = response.headers.get("content-encoding")
+    return decode_body(b"".join(chunks), encoding, MAX_RESPONSE_BYTES, keep_undecodable=True)
 
 
 def _token_count(value: Any) -> int:

@@ -32,7 +32,7 @@ rollouts; GRPO group-normalized outcome advantage ``A_tau`` (verl's formula, thr
 
 * ``grpo``: ``A_n = A_tau`` for every call;
 * ``call_credit``: ``A_n = A_tau * w_n`` with ``w`` from
-  ``routing.compute_batch_credit(estimator="call_credit")`` on the call graphs that
+  ``batch_credit.compute_batch_credit(estimator="call_credit")`` on the call graphs that
   ``annotate.roles.build_call_graph`` builds from the transcripts (token lengths: whitespace
   counts of each call, the documented fallback of :class:`~verl_credit.trajectory.Trajectory`).
 
@@ -56,16 +56,16 @@ import numpy as np
 import torch
 
 from verl_credit.annotate.roles import build_call_graph
+from verl_credit.batch_credit import BatchCredit, compute_batch_credit, pad_call_graphs
 from verl_credit.bench.parallel import map_jobs
 from verl_credit.bench.stats import format_rollouts, summarize_learning_runs
 from verl_credit.call_graph import CallGraph
 from verl_credit.config import CreditConfig
-from verl_credit.credit.call_credit import compute_reward_hacking_rate
+from verl_credit.credit_math.call_credit import compute_reward_hacking_rate
 from verl_credit.envs.base import ToolResult
 from verl_credit.envs.coding.sandbox import CodingSandbox, SandboxState
 from verl_credit.envs.coding.task_spec import CodingTask, FileEdit, list_tasks, load_task
 from verl_credit.envs.coding_agent import PlannedCall, TranscriptRecorder
-from verl_credit.routing import BatchCredit, compute_batch_credit, pad_call_graphs
 from verl_credit.trajectory import Trajectory
 
 __all__ = [
@@ -296,7 +296,7 @@ def play_episode(
 def credit_for_batch(arm: str, rollouts: Sequence[CodingRollout]) -> tuple[BatchCredit, dict[str, torch.Tensor]]:
     """Per-call advantages of one arm for a batch, and the ``(B, T)`` role masks of its call graphs.
 
-    ``grpo`` and ``call_credit`` both go through ``routing.compute_batch_credit``; the role masks
+    ``grpo`` and ``call_credit`` both go through ``batch_credit.compute_batch_credit``; the role masks
     (used by the reward-hacking metric in both arms) come from the same call graphs.
     """
     if arm not in CODING_ARMS:

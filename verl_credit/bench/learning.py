@@ -47,16 +47,16 @@ import torch
 
 from verl_credit.annotate.base import Annotator
 from verl_credit.annotate.factory import build_annotator
+from verl_credit.batch_credit import compute_batch_credit
 from verl_credit.bench.parallel import map_jobs
 from verl_credit.bench.stats import format_rollouts, mann_whitney_p, summarize_learning_runs
 from verl_credit.call_graph import CallGraph
 from verl_credit.config import CreditConfig
-from verl_credit.credit.grpo import compute_grpo_trajectory_advantage
+from verl_credit.credit_math.grpo import compute_grpo_trajectory_advantage
 from verl_credit.envs.service.agent import MACROS, Episode, LinearSoftmaxPolicy, prior_weight_matrix, run_episode
 from verl_credit.envs.service.env import ServiceEpisode
 from verl_credit.envs.service.roles import build_service_call_graph
 from verl_credit.graph import InfluenceGraph
-from verl_credit.routing import compute_batch_credit
 from verl_credit.trajectory import Trajectory
 
 __all__ = [

@@ -22,9 +22,9 @@ Setup (identical for every arm):
 * the same rollout budget for every arm.
 
 The arms differ only in the per-token advantage, which is the per-action advantage of the
-project's estimators (``routing.compute_batch_credit`` with ``CreditConfig(estimator=arm)``, the default
+project's estimators (``batch_credit.compute_batch_credit`` with ``CreditConfig(estimator=arm)``, the default
 settings, real per-action token counts) copied onto the action's tokens by
-``routing.route_token_advantages``: ``grpo`` (flat), ``iapo`` (rule-annotator graphs of the
+``batch_credit.route_token_advantages``: ``grpo`` (flat), ``iapo`` (rule-annotator graphs of the
 rendered transcripts), ``call_credit`` (service call graphs), ``gigpo`` (prefix anchor states),
 ``oracle`` (``learning.oracle_weights`` on the ground-truth causal actions / mistakes, rescaled so
 its token mass equals grpo's) and ``oracle_pos`` (the oracle on successes only).
@@ -47,6 +47,7 @@ import numpy as np
 import torch
 
 from verl_credit.annotate.factory import build_annotator
+from verl_credit.batch_credit import BatchCredit, compute_batch_credit, pad_lengths, route_token_advantages
 from verl_credit.bench.learning import CreditMap, RunResult, oracle_weights
 from verl_credit.bench.parallel import map_jobs
 from verl_credit.bench.token_episode import TokenEpisode, redundant_calls, run_token_episode, scripted_chooser
@@ -59,11 +60,10 @@ from verl_credit.bench.token_policy_model import (
     sequence_log_probs,
 )
 from verl_credit.config import CreditConfig
-from verl_credit.credit.grpo import compute_grpo_trajectory_advantage
-from verl_credit.credit.tokens import pad_spans
+from verl_credit.credit_math.grpo import compute_grpo_trajectory_advantage
+from verl_credit.credit_math.tokens import pad_spans
 from verl_credit.envs.service.agent import LinearSoftmaxPolicy
 from verl_credit.estimators.needs import anchor_states_of
-from verl_credit.routing import BatchCredit, compute_batch_credit, pad_lengths, route_token_advantages
 from verl_credit.trajectory import Trajectory
 from verl_credit.verl.policy_loss import vanilla_policy_loss  # imports verl once, before workers fork
 
@@ -261,7 +261,7 @@ def token_advantages(credit: BatchCredit, episodes: Sequence[TokenEpisode], resp
 
     Target position ``t`` predicts stream token ``t + 1``, so action ``a``'s tokens at stream
     positions ``[s, e)`` are the response span ``[s - 1, e - 1)``; spans go through
-    ``routing.route_token_advantages`` (the trainer's path), 0 on observation tokens.
+    ``batch_credit.route_token_advantages`` (the trainer's path), 0 on observation tokens.
     """
     spans: list[list[tuple[int, int]]] = []
     for episode in episodes:

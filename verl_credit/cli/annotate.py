@@ -39,7 +39,6 @@ from verl_credit.io import RolloutReader, check_distinct_files, count_lines, wri
 from verl_credit.pipeline import close_loop
 from verl_credit.trajectory import Trajectory
 
-LLM_ANNOTATORS = ("llm", "hybrid")
 _LLM_NUMBERS = ("timeout", "max_retries", "deadline", "max_model_len", "max_prompt_tokens")
 #: what each numeric annotator flag accepts (the ranges of the trainer's ``credit.annotator.*``):
 #: a timeout or deadline of inf, nan, 0 or less would disable the limit or fail every request
@@ -137,7 +136,7 @@ def build_cli_annotator(args: argparse.Namespace) -> Annotator:
     """The annotator the flags describe, wrapped in the cache when ``--cache`` is given."""
     check_annotator_flags(args)
     options: dict[str, Any] = {}
-    if args.annotator in LLM_ANNOTATORS:
+    if args.annotator in annotator_defaults.LLM_ANNOTATORS:
         flags = {
             "base_urls": args.base_url,
             "model": args.model,

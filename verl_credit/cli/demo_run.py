@@ -5,7 +5,7 @@ Steps (each a library call):
 1. sample groups of rollouts from the stochastic scripted agent (``rollouts.sample_groups``);
 2. annotate them with the rule annotator and route credit with ``iapo``; route ``grpo`` and
    ``call_credit`` (service-world call graphs, ``roles.build_service_call_graph``) for comparison
-   (``routing.compute_batch_credit`` for all three);
+   (``batch_credit.compute_batch_credit`` for all three);
 3. write ``rollouts.jsonl``, ``credit.jsonl`` (iapo), ``credit_grpo.jsonl``,
    ``credit_call_credit.jsonl`` and ``report.html``;
 4. summarize: fallback rate, spread of ``w+``, share of weights moved by more than 10%, and --
@@ -27,16 +27,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from verl_credit.batch_credit import BatchCredit, compute_batch_credit
 from verl_credit.config import CreditConfig
-from verl_credit.credit_records import credit_records
+from verl_credit.credit_output import credit_records
 from verl_credit.envs.service.roles import build_service_call_graph
 from verl_credit.envs.service.rollouts import Rollout, sample_groups
 from verl_credit.io import write_jsonl
 from verl_credit.metrics import compute_credit_metrics
 from verl_credit.pipeline import annotate_trajectories
+from verl_credit.report.credit_input import action_labels, attach_labels, parse_credit_line
 from verl_credit.report.html import render_report
-from verl_credit.report.records import action_labels, attach_labels, parse_credit_line
-from verl_credit.routing import BatchCredit, compute_batch_credit
 
 __all__ = ["DemoResult", "causal_mask", "format_summary", "run_demo", "summarize_credit"]
 

@@ -39,8 +39,8 @@ def add_parser(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from verl_credit.io import check_distinct_files, load_trajectories
+    from verl_credit.report.credit_input import action_labels, load_credit_lines
     from verl_credit.report.html import render_report
-    from verl_credit.report.records import action_labels, load_credit_lines
 
     inputs = [("--input", args.input), *(("--compare", path) for path in args.compare), ("--rollouts", args.rollouts)]
     check_distinct_files(inputs, [("--out", args.out)])

@@ -25,8 +25,8 @@ from verl_credit.cli.annotate import add_annotator_arguments, build_cli_annotato
 from verl_credit.cli.graph_problems import GraphProblems, print_graph_problems
 from verl_credit.cli.section_flags import add_section_arguments, section_values
 from verl_credit.config import CreditConfig
-from verl_credit.credit.grpo import WIDE_SCORE
-from verl_credit.credit_records import credit_records
+from verl_credit.credit_math.grpo import WIDE_SCORE
+from verl_credit.credit_output import credit_records
 from verl_credit.estimators import estimator_names
 from verl_credit.io import (
     InputError,

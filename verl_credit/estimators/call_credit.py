@@ -9,9 +9,9 @@ import torch
 
 from verl_credit.call_graph import ROLES
 from verl_credit.config import CallCreditConfig
-from verl_credit.credit.call_credit import compute_call_scores, compute_call_weights, fuse_token_advantages
-from verl_credit.credit.call_extras import route_rv_reward_tokens, rv_reward_matrix
-from verl_credit.credit.tokens import scatter_action_values_to_tokens
+from verl_credit.credit_math.call_adjustments import route_rv_reward_tokens, rv_reward_matrix
+from verl_credit.credit_math.call_credit import compute_call_scores, compute_call_weights, fuse_token_advantages
+from verl_credit.credit_math.tokens import scatter_action_values_to_tokens
 from verl_credit.estimators.registry import (
     ActionCredit,
     Estimator,
@@ -23,9 +23,9 @@ from verl_credit.estimators.registry import (
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from verl_credit.batch_credit import BatchCredit
     from verl_credit.call_graph import CallGraph
     from verl_credit.config import CreditConfig
-    from verl_credit.routing import BatchCredit
 
 
 def pad_call_graphs(graphs: Sequence[CallGraph], width: int, omega: dict[str, float]) -> dict[str, torch.Tensor]:

@@ -14,8 +14,8 @@ import torch
 
 from verl_credit.anchor_states import anchor_group_ids
 from verl_credit.config import GiGPOConfig
-from verl_credit.credit.gigpo import compute_anchor_step_advantage, compute_discounted_step_returns
-from verl_credit.credit.grpo import compute_grpo_trajectory_advantage
+from verl_credit.credit_math.gigpo import compute_anchor_step_advantage, compute_discounted_step_returns
+from verl_credit.credit_math.grpo import compute_grpo_trajectory_advantage
 from verl_credit.estimators.registry import ActionCredit, Estimator, EstimatorInputs, register_estimator
 
 if TYPE_CHECKING:

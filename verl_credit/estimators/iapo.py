@@ -1,4 +1,4 @@
-"""``iapo``: influence-graph routing of ``A_tau`` (docs/design.md section 3, ``credit/iapo.py``)."""
+"""``iapo``: influence-graph routing of ``A_tau`` (docs/design.md section 3, ``credit_math/iapo.py``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from verl_credit.config import IAPOConfig
-from verl_credit.credit.iapo import compute_iapo_weights
+from verl_credit.credit_math.iapo import compute_iapo_weights
 from verl_credit.estimators.registry import ActionCredit, Estimator, EstimatorInputs, register_estimator
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ class IAPOEstimator(Estimator):
 def route_influence_graphs(
     advantage: torch.Tensor, graphs: Sequence[InfluenceGraph], lengths: torch.Tensor, config: IAPOConfig
 ) -> dict[str, torch.Tensor]:
-    """:func:`~verl_credit.credit.iapo.compute_iapo_weights` on B graphs with ``credit.iapo``
+    """:func:`~verl_credit.credit_math.iapo.compute_iapo_weights` on B graphs with ``credit.iapo``
     settings: ``(B,)`` advantages and ``(B, T)`` float64 lengths in; ``weight``, both branches,
     ``m_plus``/``m_minus`` and ``errors`` out, each ``(B, T)`` (the estimator's and the audit's path)."""
     degrees = pad_influence_graphs(graphs, lengths.shape[1])

@@ -3,7 +3,7 @@
 The math, its equations and where each term comes from in the authors' code (GitHub
 ``kfq20/InfoPO``: ``verl/trainer/ppo/intrinsic_reward.py``, ``compute_batched_kl_divergence`` and
 ``compute_intrinsic_rewards``; ``verl/trainer/ppo/core_algos.py``, ``compute_info_grpo_advantage``)
-are in :mod:`verl_credit.credit.info_gain`. In one line::
+are in :mod:`verl_credit.credit_math.info_gain`. In one line::
 
     A_i = A_tau + beta * sigmoid(-sigma_g / T_gate) * rho * Ahat_i,
     Ahat_i = group-normalized IG_i / L_i,
@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from verl_credit.config import InfoGainConfig
-from verl_credit.credit.grpo import compute_group_statistics
-from verl_credit.credit.info_gain import compute_info_gain_advantage
+from verl_credit.credit_math.grpo import compute_group_statistics
+from verl_credit.credit_math.info_gain import compute_info_gain_advantage
 from verl_credit.estimators.registry import ActionCredit, Estimator, EstimatorInputs, register_estimator
 
 if TYPE_CHECKING:

@@ -44,7 +44,7 @@ TURN_REWARDS_KEY = "turn_rewards"
 #: actions is below 1e36.
 TURN_REWARD_LIMIT = 1e18
 #: the rollout-record field of per-action information gains (``info_gain``): one number or null per
-#: action, the gain of the feedback after that action (``verl_credit.credit.info_gain`` eq. 1)
+#: action, the gain of the feedback after that action (``verl_credit.credit_math.info_gain`` eq. 1)
 INFORMATION_GAINS_KEY = "information_gains"
 
 

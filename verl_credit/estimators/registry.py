@@ -1,6 +1,6 @@
 """The estimator registry: one :class:`Estimator` per ``algorithm.adv_estimator`` name.
 
-Every consumer (``routing``, the offline pipeline, the agent loop, the trainer, the metrics, the
+Every consumer (``batch_credit``, the offline pipeline, the agent loop, the trainer, the metrics, the
 CLI's ``--estimator`` choices and flags, the trainer's settings) asks this registry; none branches
 on an estimator's name. An estimator declares its whole contract:
 
@@ -155,7 +155,7 @@ class ActionCredit:
 class Estimator:
     """One advantage estimator. Subclasses set :attr:`name` and :attr:`needs`, optionally
     :attr:`settings` (and :attr:`section`), and implement :meth:`action_credit` (pure tensor math,
-    through ``verl_credit.credit``)."""
+    through ``verl_credit.credit_math``)."""
 
     name: ClassVar[str] = ""
     needs: ClassVar[frozenset[str]] = frozenset()
@@ -175,7 +175,7 @@ class Estimator:
     def trajectory_advantage(self, scores: torch.Tensor, index: Sequence[Any], config: CreditConfig) -> torch.Tensor:
         """``(B,)`` ``A_tau``: GRPO's group-normalized advantage (``credit.norm_adv_by_std_in_grpo``,
         ``credit.epsilon``), in ``scores``' dtype."""
-        from verl_credit.credit.grpo import compute_grpo_trajectory_advantage
+        from verl_credit.credit_math.grpo import compute_grpo_trajectory_advantage
 
         return compute_grpo_trajectory_advantage(
             scores, index, epsilon=config.epsilon, norm_adv_by_std_in_grpo=config.norm_adv_by_std_in_grpo
@@ -231,8 +231,8 @@ class Estimator:
 
         Args:
             tokens: ``(rows, R)`` ``A_tau * w_i`` (or the additive ``A_i``) on the tokens of
-                action ``i`` (``routing.route_token_advantages``), in the rows' dtype.
-            credit: the batch's ``routing.BatchCredit``.
+                action ``i`` (``batch_credit.route_token_advantages``), in the rows' dtype.
+            credit: the batch's ``batch_credit.BatchCredit``.
             layout: where each action sits in the rows.
             inputs: what :attr:`needs` asked for.
             config: the ``credit`` settings.

@@ -14,7 +14,7 @@ import torch
 
 from verl_credit.anchor_states import anchor_group_ids, turn_group_ids
 from verl_credit.config import TurnRewardConfig
-from verl_credit.credit.gigpo import compute_leave_one_out_baseline, compute_turn_returns
+from verl_credit.credit_math.gigpo import compute_leave_one_out_baseline, compute_turn_returns
 from verl_credit.estimators.gigpo import turn_reward_matrix
 from verl_credit.estimators.registry import ActionCredit, Estimator, EstimatorInputs, register_estimator
 

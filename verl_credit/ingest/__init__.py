@@ -7,7 +7,7 @@ trajectories in the rollouts format of docs/design.md section 8, with per-call t
     records, stats = stream_ingest("gateway.jsonl")       # the same, one record at a time
     write_jsonl("rollouts.jsonl", records)                # stats complete once written
 
-See :mod:`verl_credit.ingest.records` for the log line format and what is fatal (a malformed
+See :mod:`verl_credit.ingest.log_lines` for the log line format and what is fatal (a malformed
 request, a wrong ``--format``, an unsupported API) versus counted (a failed or flagged call), and
 :mod:`verl_credit.ingest.sessions` for deduplication, session grouping and token accounting.
 """
@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from verl_credit.ingest.interning import Interner
+from verl_credit.ingest.log_lines import FORMATS, RewardRecord, parse_record
 from verl_credit.ingest.model_call import FormatError, ModelCall, RecordError
-from verl_credit.ingest.records import FORMATS, RewardRecord, parse_record
 from verl_credit.ingest.sessions import IngestStats, iter_trajectories
 from verl_credit.io import InputError, iter_jsonl
 

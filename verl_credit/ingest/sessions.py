@@ -40,8 +40,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from verl_credit.ingest.log_lines import RewardRecord
 from verl_credit.ingest.model_call import ModelCall, canonical_message, loose_canonical_message
-from verl_credit.ingest.records import RewardRecord
 
 __all__ = ["IngestStats", "build_trajectories", "iter_trajectories"]
 

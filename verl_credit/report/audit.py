@@ -22,7 +22,7 @@ Each annotator is compared with the *reference* (the first file). Definitions:
 
 Weights need per-action token lengths ``L_i``. Graph files carry none: pass the rollouts file
 (``action_token_lengths``, or the whitespace count) to use the real ones; without it every action
-has length 1. ``m`` and ``w`` come from :func:`verl_credit.credit.iapo.compute_iapo_weights` with
+has length 1. ``m`` and ``w`` come from :func:`verl_credit.credit_math.iapo.compute_iapo_weights` with
 the given :class:`~verl_credit.config.IAPOConfig` (defaults: ``beta_plus = 0.05``, ``c = 0.25``).
 """
 
@@ -38,11 +38,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from verl_credit.batch_credit import pad_lengths
 from verl_credit.config import IAPOConfig
 from verl_credit.estimators.iapo import route_influence_graphs
 from verl_credit.graph import InfluenceGraph, validate_graph
 from verl_credit.io import InputError, iter_jsonl, load_trajectories
-from verl_credit.routing import pad_lengths
 
 __all__ = [
     "AUDIT_KEYS",

@@ -30,7 +30,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, PathPatch
 from matplotlib.path import Path
 
-from verl_credit.report.records import CreditLine
+from verl_credit.report.credit_input import CreditLine
 
 __all__ = [
     "ABOVE_COLOR",

@@ -8,8 +8,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from verl_credit.report.credit_input import CreditLine
 from verl_credit.report.figures import batch_figure, figure_png, trajectory_figure
-from verl_credit.report.records import CreditLine
 
 __all__ = ["TrajectoryPicture", "pick_trajectories", "render_report", "write_report_page"]
 

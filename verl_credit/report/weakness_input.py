@@ -27,8 +27,8 @@ def from_rollouts(trajectories: list[Trajectory]) -> list[RunTrajectory]:
     import torch
 
     from verl_credit.annotate.roles import analyze_calls, call_graph_from_facts, failures_ignored
+    from verl_credit.batch_credit import compute_batch_credit
     from verl_credit.config import CreditConfig
-    from verl_credit.routing import compute_batch_credit
 
     facts = [analyze_calls(t) for t in trajectories]
     graphs = [call_graph_from_facts(f) for f in facts]

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from verl_credit.credit.tokens import spans_from_response_mask
+from verl_credit.credit_math.tokens import spans_from_response_mask
 
 __all__ = [
     "CREDIT_KEY",

@@ -11,12 +11,12 @@ from typing import Any
 
 import torch
 
+from verl_credit.batch_credit import credit_from_inputs, estimator_token_advantages
 from verl_credit.estimators.registry import TokenLayout
 from verl_credit.metrics import compute_credit_metrics
-from verl_credit.routing import credit_from_inputs, estimator_token_advantages
 from verl_credit.verl.annotation import annotate_now
 from verl_credit.verl.batch import build_span_tensors, group_sessions
-from verl_credit.verl.call_extras_step import CallExtrasState, apply_call_extras, session_reward
+from verl_credit.verl.call_adjustments_step import CallAdjustmentsState, apply_call_adjustments, session_reward
 from verl_credit.verl.session_failures import drop_failed_groups
 from verl_credit.verl.session_inputs import (
     Annotate,
@@ -45,7 +45,7 @@ def compute_credit_advantages(
     token_level_rewards: torch.Tensor,
     settings: CreditSettings,
     annotate: Annotate = annotate_now,
-    call_extras: CallExtrasState | None = None,
+    call_adjustments: CallAdjustmentsState | None = None,
     extra_infos: Sequence[Mapping[str, Any] | None] | None = None,
     step: int | None = None,
 ) -> CreditStep:
@@ -58,7 +58,7 @@ def compute_credit_advantages(
         token_level_rewards: ``(rows, R)``; a session's score is the sum over its final row.
         settings: the ``credit`` node.
         annotate: synchronous annotator for sessions that arrive without a graph.
-        call_extras: the trainer's state of the optional CALL-CREDIT parts (call_credit only;
+        call_adjustments: the trainer's state of the optional CALL-CREDIT parts (call_credit only;
             ``None`` or all switches off: not used).
         extra_infos: per row, the dataset row's ``extra_info`` (environment and task of the session;
             needed by replays only).
@@ -78,7 +78,7 @@ def compute_credit_advantages(
 
     inputs = read_sessions(sessions, keys, extras, rollout_mask, token_level_rewards)
     found = session_graphs(sessions, inputs, settings, annotate)
-    state = call_extras if call_extras is not None and call_extras.applies_to(settings) else None
+    state = call_adjustments if call_adjustments is not None and call_adjustments.applies_to(settings) else None
     config = state.credit_config(settings.credit) if state is not None else settings.credit
     estimator_inputs = found.estimator_inputs([s.uid for s in sessions], inputs.scores)
     credit = credit_from_inputs(estimator_inputs, inputs.lengths, config)
@@ -88,7 +88,7 @@ def compute_credit_advantages(
     if state is not None:
         infos = [dict((extra_infos[s.final_row] if extra_infos is not None else None) or {}) for s in sessions]
         rewards = [session_reward(extras[s.final_row], float(inputs.scores[n])) for n, s in enumerate(sessions)]
-        credit, extra_metrics = apply_call_extras(credit, inputs, infos, rewards, settings.env, state, step)
+        credit, extra_metrics = apply_call_adjustments(credit, inputs, infos, rewards, settings.env, state, step)
     row_trajectory = torch.tensor([max(s, 0) for s in row_session], dtype=torch.long)
     layout = TokenLayout(row_trajectory, *build_span_tensors(inputs.spans_per_row), response_length)
     routed, hook_metrics = estimator_token_advantages(credit, layout, estimator_inputs, config)

@@ -1,6 +1,6 @@
 """The ``info_gain`` estimator's extra forward passes, through verl's actor, in the credit trainer.
 
-InfoPO's information gain of action ``a_i`` (``verl_credit.credit.info_gain`` eq. 1) compares the
+InfoPO's information gain of action ``a_i`` (``verl_credit.credit_math.info_gain`` eq. 1) compares the
 teacher-forced log-probs of the next action ``a_{i+1}`` with the feedback between them (tool result,
 user reply) as it was and with that feedback overwritten by a placeholder. The first are verl's
 ``old_log_probs`` (the actor's pass over the step's rows, same weights, same temperature); the
@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from verl_credit.credit.info_gain import compute_feedback_gain, mask_feedback_tokens
+from verl_credit.credit_math.info_gain import compute_feedback_gain, mask_feedback_tokens
 from verl_credit.estimators.needs import INFORMATION_GAINS_KEY
 from verl_credit.verl.batch import CREDIT_KEY, group_sessions, session_spans
 

@@ -14,6 +14,7 @@ import torch
 
 from verl_credit.anchor_states import anchor_states
 from verl_credit.annotate.base import AnnotationResult, AnnotationStats
+from verl_credit.batch_credit import BatchCredit
 from verl_credit.call_graph import CallGraph
 from verl_credit.config import CreditConfig
 from verl_credit.estimators.needs import (
@@ -25,7 +26,6 @@ from verl_credit.estimators.needs import (
 )
 from verl_credit.estimators.registry import EstimatorInputs
 from verl_credit.graph import GraphValidation, InfluenceGraph
-from verl_credit.routing import BatchCredit
 from verl_credit.trajectory import Trajectory
 from verl_credit.verl.annotation import TRAINER_DEADLINE_ERROR, build_call_graph, result_from_payload
 from verl_credit.verl.batch import (

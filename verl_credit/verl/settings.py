@@ -33,7 +33,7 @@ import os
 import re
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -141,7 +141,12 @@ NETWORK_FS_TYPES: frozenset[str] = frozenset(
 
 @dataclass(frozen=True)
 class AnnotatorSettings:
-    """``credit.annotator.*``: which annotator builds the IAPO graphs, and where it runs."""
+    """``credit.annotator.*``: which annotator builds the IAPO graphs, and where it runs.
+
+    The keys only an LLM reads (``annotate.defaults.LLM_ONLY_SETTINGS``: ``base_urls``, ``model``,
+    ``timeout``, ``max_retries``, ``max_model_len``, ``max_prompt_tokens``, ``trust_env``) are
+    refused off their defaults unless ``name`` is ``llm`` or ``hybrid``, as the CLI refuses the flags.
+    """
 
     name: str = setting("rules", Text())
     """Registered annotator: ``rules`` | ``llm`` | ``hybrid``."""
@@ -192,7 +197,15 @@ class AnnotatorSettings:
 
     def __post_init__(self) -> None:
         check_fields(self, "credit.annotator")
-        if self.name in ("llm", "hybrid"):
+        if self.name not in annotator_defaults.LLM_ANNOTATORS:
+            defaults = {item.name: item.default for item in fields(self)}
+            for key in annotator_defaults.LLM_ONLY_SETTINGS:
+                if getattr(self, key) != defaults[key]:
+                    raise ValueError(
+                        f"credit.annotator.{key} applies to the llm and hybrid annotators, not {self.name!r} "
+                        f"(got {getattr(self, key)!r}; leave it at {defaults[key]!r} or set credit.annotator.name)"
+                    )
+        if self.name in annotator_defaults.LLM_ANNOTATORS:
             _require(
                 bool(self.base_urls),
                 "credit.annotator.base_urls",
@@ -302,7 +315,7 @@ class DebugSettings:
     dump_dir: str | None = setting(None, Text(null="no dump"))
     """Folder the trainer writes one ``step_N.pt`` per training step into: every row's key, tags,
     rollout mask, rewards, ``extra_fields['credit']`` payload and the advantages the actor receives
-    (``verl_credit.verl.cpu.check`` recomputes them offline with ``routing``). ``null``: no dump."""
+    (``verl_credit.verl.cpu.check`` recomputes them offline with ``batch_credit``). ``null``: no dump."""
 
     def __post_init__(self) -> None:
         check_fields(self, "credit.debug")
@@ -518,7 +531,7 @@ def check_cache_location(
 
 def _check_edit_proposer(credit: CreditConfig) -> None:
     """The edit proposer must resolve (a registered name or ``module:Class``), switched on or not."""
-    from verl_credit.replay import edit_proposer_factory
+    from verl_credit.counterfactual_replay import edit_proposer_factory
 
     try:
         edit_proposer_factory(credit.call_credit.counterfactual.proposer)

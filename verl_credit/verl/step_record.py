@@ -7,7 +7,7 @@ rows' keys, tags and uids, masks, token-level rewards, ``extra_fields["credit"]`
 wrote -- the format :mod:`verl_credit.verl.credit_dump` documents. The dump writer adds what the
 actor read; the live pictures (:mod:`verl_credit.verl.viz`) draw the same record.
 
-:func:`rebuild_step` turns such a record into one :class:`~verl_credit.report.records.CreditLine`
+:func:`rebuild_step` turns such a record into one :class:`~verl_credit.report.credit_input.CreditLine`
 per session by running the trainer's own credit path again on the recorded inputs
 (:func:`~verl_credit.verl.credit_step.compute_credit_advantages`), so the weights are the ones
 the step routed with; graphs and call graphs come from the payloads. Two things it cannot redo
@@ -34,7 +34,7 @@ from verl_credit.annotate.base import AnnotationResult
 from verl_credit.config import CreditConfig
 from verl_credit.graph import GraphValidation, InfluenceGraph
 from verl_credit.io import InputError
-from verl_credit.report.records import CreditLine, action_kinds, action_labels
+from verl_credit.report.credit_input import CreditLine, action_kinds, action_labels
 from verl_credit.verl.annotation import result_from_payload
 from verl_credit.verl.batch import CREDIT_KEY, credit_payload, group_sessions
 from verl_credit.verl.credit_dump import DUMP_PATTERN, dump_path

@@ -7,9 +7,9 @@ Per step (``CreditTrainerSync._compute_advantage``), on the batch already in Tra
 3. :func:`compute_credit_advantages`: rows -> sessions (``{uid}_{session}_{index}``; padding rows
    skipped), one score per session from its *final* output (verl's multi-output GRPO rule),
    graphs read from ``extra_fields`` (annotated in the rollout) or annotated now (counted),
-   ``routing.compute_batch_credit`` + ``routing.route_token_advantages``;
+   ``batch_credit.compute_batch_credit`` + ``batch_credit.route_token_advantages``;
    for call_credit, the optional parts of docs/design.md section 4 between the call weights and the token
-   routing (:func:`apply_call_extras`; each behind a ``credit.call_credit.*`` switch, off by
+   routing (:func:`apply_call_adjustments`; each behind a ``credit.call_credit.*`` switch, off by
    default): counterfactual calibration of the top-|A| AE calls by replaying them through the
    session's environment, IG down-weighting, adaptive role weights (kept on the trainer across
    steps and in checkpoints) and DPO pair export; for info_gain, first one actor forward pass per
@@ -72,7 +72,12 @@ from verl_credit.verl.batch import (
     count_sessions,
     plan_mini_batches,
 )
-from verl_credit.verl.call_extras_step import CREDIT_STATE_FILE, CallExtrasState, load_credit_state, save_credit_state
+from verl_credit.verl.call_adjustments_step import (
+    CREDIT_STATE_FILE,
+    CallAdjustmentsState,
+    load_credit_state,
+    save_credit_state,
+)
 from verl_credit.verl.cluster_checks import check_cluster
 from verl_credit.verl.credit_dump import write_step_dump
 from verl_credit.verl.credit_step import compute_credit_advantages
@@ -118,12 +123,12 @@ class CreditTrainerSync(PPOTrainerSync):
             # The mode string also selects the replay buffer, refill and checkpoint behaviour
             # (verl 0.9.1's V1 trainer reads it in several places): keep verl's "sync" semantics.
             config.trainer.v1.trainer_mode = "sync"
-        call_extras = CallExtrasState.from_settings(settings)  # a bad proposer fails before workers start
+        call_adjustments = CallAdjustmentsState.from_settings(settings)  # a bad proposer fails before workers start
         # every endpoint from every Ray node, no loopback URL across hosts, a shared checkpoint folder
         check_cluster(config, settings)
         super().__init__(config)
         self._credit_settings: CreditSettings | None = settings
-        self._call_extras: CallExtrasState | None = call_extras
+        self._call_adjustments: CallAdjustmentsState | None = call_adjustments
 
     @property
     def credit_settings(self) -> CreditSettings:
@@ -132,11 +137,11 @@ class CreditTrainerSync(PPOTrainerSync):
         return self._credit_settings  # type: ignore[return-value]
 
     @property
-    def call_extras(self) -> CallExtrasState:
+    def call_adjustments(self) -> CallAdjustmentsState:
         """State of the optional CALL-CREDIT parts, kept across steps (and in checkpoints)."""
-        if getattr(self, "_call_extras", None) is None:
-            self._call_extras = CallExtrasState.from_settings(self.credit_settings)
-        return self._call_extras  # type: ignore[return-value]
+        if getattr(self, "_call_adjustments", None) is None:
+            self._call_adjustments = CallAdjustmentsState.from_settings(self.credit_settings)
+        return self._call_adjustments  # type: ignore[return-value]
 
     @property
     def run_guards(self) -> RunGuards:
@@ -193,14 +198,14 @@ class CreditTrainerSync(PPOTrainerSync):
         """verl's checkpoint plus ``credit_state.json`` (the adaptive omega), written first so a
         checkpoint verl marks as latest always has it."""
         folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
-        save_credit_state(folder, self.call_extras)
+        save_credit_state(folder, self.call_adjustments)
         return super()._save_checkpoint()
 
     def _load_checkpoint(self):
         """verl's resume, then the credit state of the same ``global_step_N`` folder (if any)."""
         result = super()._load_checkpoint()
         folder = self._resumed_folder()
-        if folder is not None and not load_credit_state(folder, self.call_extras):
+        if folder is not None and not load_credit_state(folder, self.call_adjustments):
             logger.warning("credit: %s has no %s; the credit state starts fresh", folder, CREDIT_STATE_FILE)
         return result
 
@@ -263,7 +268,7 @@ class CreditTrainerSync(PPOTrainerSync):
         )
         for measurement in measured.values():
             metrics.update(measurement)
-        replaying = self.call_extras.replays(settings)
+        replaying = self.call_adjustments.replays(settings)
         step = compute_credit_advantages(
             batch.keys,
             batch.tags,
@@ -273,7 +278,7 @@ class CreditTrainerSync(PPOTrainerSync):
             data.batch["response_mask"],
             data.batch["token_level_rewards"],
             settings,
-            call_extras=self.call_extras,
+            call_adjustments=self.call_adjustments,
             extra_infos=_fetch_extra_infos(batch) if replaying else None,
             step=getattr(self, "global_steps", None),
         )
@@ -461,7 +466,7 @@ class CreditTrainerSync(PPOTrainerSync):
             padded = torch.zeros((actor.shape[0], width), dtype=actor.dtype)
             padded[:, : min(width, actor.shape[1])] = actor[:, :width]
             pending["actor_advantages"] = padded
-            pending["credit_state"] = self.call_extras.state_dict()
+            pending["credit_state"] = self.call_adjustments.state_dict()
             write_step_dump(folder, int(self.global_steps), pending)
             self._pending_dump = None
         actor = self.config.actor_rollout_ref.actor

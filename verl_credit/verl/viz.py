@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from verl_credit.report.records import CreditLine
+from verl_credit.report.credit_input import CreditLine
 from verl_credit.verl.settings import VizSettings
 from verl_credit.verl.viz_sinks import (
     BATCH_TAG,

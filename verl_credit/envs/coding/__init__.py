@@ -16,8 +16,8 @@
 from verl_credit.envs.coding.environment import SYSTEM_PROMPT, CodingEnvironment
 from verl_credit.envs.coding.jail import JailResult, JailSetupError, namespace_jail_available, run_jailed
 from verl_credit.envs.coding.paths import SandboxPathError, resolve_sandbox_path
-from verl_credit.envs.coding.replay import ReplayOutcome, replay_trajectory, tool_calls_of
 from verl_credit.envs.coding.sandbox import CodingSandbox, SandboxLimits, SandboxState, TestReport
+from verl_credit.envs.coding.sandbox_replay import ReplayOutcome, replay_trajectory, tool_calls_of
 from verl_credit.envs.coding.task_spec import TASKS_DIR, CodingTask, FileEdit, WrongEdit, list_tasks, load_task
 from verl_credit.envs.coding.tools import TOOL_NAMES, TOOL_SCHEMAS
 

@@ -21,8 +21,8 @@ from typing import Any
 
 from verl_credit.envs.base import Environment, EpisodeStart, ToolResult, UserTurn, register_environment
 from verl_credit.envs.coding.jail import JAIL_MODES, fallback_count
-from verl_credit.envs.coding.replay import replay_trajectory
 from verl_credit.envs.coding.sandbox import REWARD_MODES, WORKSPACE_MODES, CodingSandbox, SandboxLimits
+from verl_credit.envs.coding.sandbox_replay import replay_trajectory
 from verl_credit.envs.coding.task_spec import CodingTask, load_task
 from verl_credit.envs.coding.tools import TOOL_SCHEMAS
 

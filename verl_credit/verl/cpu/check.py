@@ -7,10 +7,10 @@ rollout masks, token-level rewards, and each session's transcript, spans and gra
 
 * ``grpo``: verl's ``core_algos.compute_grpo_outcome_advantage`` on each session's final row
   (verl's own GRPO), broadcast over the session's rows;
-* ``iapo`` / ``call_credit``: ``routing.credit_from_inputs`` on the sessions' rewards, group ids,
+* ``iapo`` / ``call_credit``: ``batch_credit.credit_from_inputs`` on the sessions' rewards, group ids,
   per-action token counts (summed from the spans) and graphs, then ``A_tau * w_i`` written onto
   each span's tokens (the estimator's token hook applied per action:
-  ``routing.credit_with_token_hook``, e.g. call_credit's alpha fusion and RV reward), times the
+  ``batch_credit.credit_with_token_hook``, e.g. call_credit's alpha fusion and RV reward), times the
   response mask;
 * ``gigpo`` / ``turn_reward`` / ``info_gain``: the same, with the estimator's own per-action
   advantage (anchor states from the transcripts, the environment's turn rewards, the information
@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from verl_credit.anchor_states import anchor_states
+from verl_credit.batch_credit import credit_from_inputs, credit_with_token_hook
 from verl_credit.call_graph import CallGraph
 from verl_credit.config import CreditConfig
 from verl_credit.estimators.needs import (
@@ -48,7 +49,6 @@ from verl_credit.estimators.needs import (
 )
 from verl_credit.estimators.registry import EstimatorInputs
 from verl_credit.graph import validate_graph
-from verl_credit.routing import credit_from_inputs, credit_with_token_hook
 from verl_credit.trajectory import Trajectory
 from verl_credit.verl.credit_dump import read_step_dumps
 

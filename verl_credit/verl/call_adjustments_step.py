@@ -1,7 +1,7 @@
 """The optional parts of CALL-CREDIT in a training step (docs/design.md section 4): counterfactual
 calibration and IG down-weighting by replaying calls through the session's environment, adaptive
 role weights kept across steps and in checkpoints, DPO pair export. Each behind a
-``credit.call_credit.*`` switch, off by default; the tensor math is ``credit/call_extras.py``."""
+``credit.call_credit.*`` switch, off by default; the tensor math is ``credit_math/call_adjustments.py``."""
 
 from __future__ import annotations
 
@@ -19,9 +19,18 @@ from typing import Any
 
 import torch
 
+from verl_credit.batch_credit import BatchCredit
 from verl_credit.call_graph import ROLES
 from verl_credit.config import CallCreditConfig, CreditConfig
-from verl_credit.credit.call_extras import (
+from verl_credit.counterfactual_replay import (
+    CounterfactualResult,
+    EditProposer,
+    ReplayFailure,
+    ReplayRequest,
+    build_edit_proposer,
+    run_replays,
+)
+from verl_credit.credit_math.call_adjustments import (
     AdaptiveRoleWeights,
     apply_counterfactual_calibration,
     counterfactual_delta_matrix,
@@ -30,23 +39,14 @@ from verl_credit.credit.call_extras import (
 )
 from verl_credit.dpo_export import append_dpo_pairs, build_dpo_pairs
 from verl_credit.envs.base import build_environment, episode_task
-from verl_credit.replay import (
-    CounterfactualResult,
-    EditProposer,
-    ReplayFailure,
-    ReplayRequest,
-    build_edit_proposer,
-    run_replays,
-)
-from verl_credit.routing import BatchCredit
 from verl_credit.verl.session_inputs import SessionInputs
 from verl_credit.verl.settings import CreditSettings, EnvSettings
 
 __all__ = [
     "CREDIT_STATE_FILE",
-    "CallExtrasState",
+    "CallAdjustmentsState",
     "SessionReplayer",
-    "apply_call_extras",
+    "apply_call_adjustments",
     "load_credit_state",
     "reads_call_credit_settings",
     "replay_target",
@@ -67,7 +67,7 @@ CREDIT_STATE_FILE = "credit_state.json"
 
 
 @dataclass
-class CallExtrasState:
+class CallAdjustmentsState:
     """What the optional CALL-CREDIT parts keep across steps: one per trainer.
 
     ``adaptive`` is the running omega (``credit.call_credit.adaptive_omega``; the omega a step
@@ -80,7 +80,7 @@ class CallExtrasState:
     warned_failures: int = 0
 
     @classmethod
-    def from_settings(cls, settings: CreditSettings) -> CallExtrasState:
+    def from_settings(cls, settings: CreditSettings) -> CallAdjustmentsState:
         """Raises ``ValueError`` naming ``credit.call_credit.counterfactual.proposer`` when it cannot be built."""
         config = settings.credit.call_credit
         proposer = None
@@ -92,7 +92,7 @@ class CallExtrasState:
         adaptive = None
         if config.adaptive_omega.enabled:
             adaptive = AdaptiveRoleWeights.from_config(config.omega, config.adaptive_omega)
-        if config.extras_enabled and not reads_call_credit_settings(settings):
+        if config.adjustments_enabled and not reads_call_credit_settings(settings):
             logger.warning(
                 "credit.call_credit.{counterfactual,ig_downweight,adaptive_omega} apply to the call_credit "
                 "estimator only; algorithm.adv_estimator=%s ignores them",
@@ -102,18 +102,11 @@ class CallExtrasState:
 
     def applies_to(self, settings: CreditSettings) -> bool:
         """Whether a step with these settings runs the optional parts (call_credit, a switch on)."""
-        return reads_call_credit_settings(settings) and self.config.extras_enabled
+        return reads_call_credit_settings(settings) and self.config.adjustments_enabled
 
     def replays(self, settings: CreditSettings) -> bool:
         """Whether a step with these settings replays calls (it then needs the rows' ``extra_info``)."""
         return reads_call_credit_settings(settings) and self.config.needs_replay
-
-
-def reads_call_credit_settings(settings: CreditSettings) -> bool:
-    """Whether the estimator's settings section is ``credit.call_credit``: the optional parts are
-    sub-sections of it, so they run for every estimator that reads it (``call_credit`` and any
-    plug-in that declares ``settings = CallCreditConfig``)."""
-    return settings.credit.registered_estimator.settings is CallCreditConfig
 
     def credit_config(self, config: CreditConfig) -> CreditConfig:
         """``config`` with the running omega when adaptive_omega is on (else ``config`` itself)."""
@@ -129,6 +122,13 @@ def reads_call_credit_settings(settings: CreditSettings) -> bool:
         saved = state.get("adaptive_omega")
         if saved is not None and self.adaptive is not None:
             self.adaptive.load_state_dict(saved)
+
+
+def reads_call_credit_settings(settings: CreditSettings) -> bool:
+    """Whether the estimator's settings section is ``credit.call_credit``: the optional parts are
+    sub-sections of it, so they run for every estimator that reads it (``call_credit`` and any
+    plug-in that declares ``settings = CallCreditConfig``)."""
+    return settings.credit.registered_estimator.settings is CallCreditConfig
 
 
 def replay_target(
@@ -191,13 +191,13 @@ class SessionReplayer:
         return float(value)
 
 
-def apply_call_extras(
+def apply_call_adjustments(
     credit: BatchCredit,
     inputs: SessionInputs,
     extra_infos: Sequence[Mapping[str, Any]],
     rewards: Sequence[float],
     env: EnvSettings,
-    state: CallExtrasState,
+    state: CallAdjustmentsState,
     step: int | None = None,
 ) -> tuple[BatchCredit, dict[str, float]]:
     """The optional parts of docs/design.md section 4 on a call_credit batch, in order:
@@ -215,7 +215,7 @@ def apply_call_extras(
         inputs: the sessions' transcripts (``inputs.trajectories``).
         extra_infos, rewards: per session, the dataset row's ``extra_info`` and ``R(tau)``.
         env: ``credit.env`` (environment of sessions whose row names none).
-        state: the trainer's :class:`CallExtrasState`.
+        state: the trainer's :class:`CallAdjustmentsState`.
         step: training step written into DPO records.
 
     Returns:
@@ -352,7 +352,7 @@ def _run_coroutine(make: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
         return pool.submit(lambda: asyncio.run(make())).result()
 
 
-def _log_failures(failures: list[ReplayFailure], state: CallExtrasState) -> None:
+def _log_failures(failures: list[ReplayFailure], state: CallAdjustmentsState) -> None:
     """Warn about the first few replay failures of the run (all are counted in the metrics)."""
     for failure in failures:
         if state.warned_failures >= 5:
@@ -376,7 +376,7 @@ def session_reward(extra: Any, score: float) -> float:
     return score
 
 
-def save_credit_state(folder: str, state: CallExtrasState) -> str:
+def save_credit_state(folder: str, state: CallAdjustmentsState) -> str:
     """Write the trainer's credit state into a checkpoint folder; returns the file path."""
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, CREDIT_STATE_FILE)
@@ -387,7 +387,7 @@ def save_credit_state(folder: str, state: CallExtrasState) -> str:
     return path
 
 
-def load_credit_state(folder: str, state: CallExtrasState) -> bool:
+def load_credit_state(folder: str, state: CallAdjustmentsState) -> bool:
     """Restore the state saved by :func:`save_credit_state`; False (state unchanged) when absent."""
     path = os.path.join(folder, CREDIT_STATE_FILE)
     if not os.path.exists(path):

@@ -15,8 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 from verl_credit.annotate.base import AnnotationResult
+from verl_credit.batch_credit import BatchCredit
 from verl_credit.call_graph import CallGraph
-from verl_credit.routing import BatchCredit
 from verl_credit.trajectory import Trajectory
 
 __all__ = ["credit_record", "credit_records"]

@@ -31,7 +31,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from verl_credit.ingest.anthropic_messages import (
+from verl_credit.ingest.anthropic_messages_log import (
     anthropic_response_message,
     anthropic_stop_reason,
     anthropic_usage,
@@ -40,7 +40,7 @@ from verl_credit.ingest.anthropic_messages import (
     normalize_anthropic_messages,
 )
 from verl_credit.ingest.model_call import FormatError, ModelCall, RecordError, render_messages
-from verl_credit.ingest.openai_chat import (
+from verl_credit.ingest.openai_chat_log import (
     assemble_openai_stream,
     is_openai_chunk,
     normalize_openai_messages,

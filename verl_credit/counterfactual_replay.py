@@ -8,7 +8,7 @@
   returned (and counted by the trainer), never raised.
 
 The effect ``Delta_k = R(tau) - R(tau')`` of each replay feeds the tensor math of
-``verl_credit.credit.call_extras`` (counterfactual calibration, IG down-weighting).
+``verl_credit.credit_math.call_adjustments`` (counterfactual calibration, IG down-weighting).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ Finite scores always give finite advantages: a group (of two or more) holding a 
 is normalized in float64 on the scores divided by the group's largest ``|R|`` (the same quotient,
 ``eps`` divided too), then cast back (Dr.GRPO's ``R - mu`` is clamped to the dtype's range).
 Every other group keeps verl's fp32 arithmetic bit for bit. Non-finite scores are the caller's
-to reject (``routing.compute_batch_credit``) or neutralize (the trainer).
+to reject (``batch_credit.compute_batch_credit``) or neutralize (the trainer).
 """
 
 from __future__ import annotations

@@ -16,18 +16,7 @@ import torch
 from verl_credit.annotate.roles import analyze_calls, build_call_graph
 from verl_credit.call_graph import CallEdge, CallGraph
 from verl_credit.config import CallCreditConfig, CounterfactualConfig, CreditConfig
-from verl_credit.credit.call_extras import (
-    AdaptiveRoleWeights,
-    apply_counterfactual_calibration,
-    compute_rv_rewards,
-    counterfactual_delta_matrix,
-    downweight_ig_calls,
-    route_rv_reward_tokens,
-    rv_reward_matrix,
-    select_counterfactual_calls,
-)
-from verl_credit.dpo_export import append_dpo_pairs, build_dpo_pairs, counterfactual_message, write_dpo_pairs
-from verl_credit.replay import (
+from verl_credit.counterfactual_replay import (
     EDIT_PROPOSERS,
     AlternativeEdit,
     CounterfactualResult,
@@ -39,6 +28,17 @@ from verl_credit.replay import (
     register_edit_proposer,
     run_replays,
 )
+from verl_credit.credit_math.call_adjustments import (
+    AdaptiveRoleWeights,
+    apply_counterfactual_calibration,
+    compute_rv_rewards,
+    counterfactual_delta_matrix,
+    downweight_ig_calls,
+    route_rv_reward_tokens,
+    rv_reward_matrix,
+    select_counterfactual_calls,
+)
+from verl_credit.dpo_export import append_dpo_pairs, build_dpo_pairs, counterfactual_message, write_dpo_pairs
 from verl_credit.trajectory import Trajectory
 
 
@@ -335,10 +335,10 @@ def test_optional_part_settings_live_under_call_credit() -> None:
     config = CreditConfig.from_mapping({"estimator": "call_credit"}).call_credit
     assert not config.counterfactual.enabled and not config.adaptive_omega.enabled
     assert not config.ig_downweight.enabled and config.dpo_export.path is None
-    assert not config.needs_replay and not config.extras_enabled
+    assert not config.needs_replay and not config.adjustments_enabled
     values = {"counterfactual": {"enabled": True, "eta": 0.2}, "adaptive_omega": {"rho": 0.3}}
     config = CreditConfig.from_mapping({"call_credit": values}).call_credit
-    assert config.counterfactual.eta == 0.2 and config.needs_replay and config.extras_enabled
+    assert config.counterfactual.eta == 0.2 and config.needs_replay and config.adjustments_enabled
     # a budget of 0 replays nothing
     assert not CallCreditConfig(counterfactual=CounterfactualConfig(enabled=True, budget=0)).needs_replay
     state = AdaptiveRoleWeights.from_config({"AE": 1.0, "IG": 0.6, "RV": 0.4}, config.adaptive_omega)
@@ -396,14 +396,14 @@ def test_remove_proposer_and_registry(monkeypatch) -> None:
     assert proposer.propose(trajectory, 2) == AlternativeEdit(None, source="remove")  # the edit call
     assert proposer.propose(trajectory, 4) is None  # the final answer has no tool call to remove
     # import path (package.module:Class) and registration
-    by_path = build_edit_proposer("verl_credit.replay:RemoveCallProposer")
+    by_path = build_edit_proposer("verl_credit.counterfactual_replay:RemoveCallProposer")
     assert isinstance(by_path, RemoveCallProposer) and by_path is not proposer
     monkeypatch.setitem(EDIT_PROPOSERS, "wrong_fix", lambda: FakeProposer("    return 0"))
     assert build_edit_proposer("wrong_fix").propose(trajectory, 2).arguments["new"] == "    return 0"
     with pytest.raises(ValueError, match="unknown edit proposer 'nope'"):
         build_edit_proposer("nope")
     with pytest.raises(ValueError, match="cannot import edit proposer"):
-        build_edit_proposer("verl_credit.replay:Missing")
+        build_edit_proposer("verl_credit.counterfactual_replay:Missing")
     with pytest.raises(ValueError, match="has no propose"):
         build_edit_proposer("collections:OrderedDict")
     with pytest.raises(ValueError, match="already registered"):
@@ -502,9 +502,9 @@ def test_counterfactual_calibration_with_the_real_coding_sandbox(tmp_path) -> No
     """End to end on a shipped task: the correct fix replayed with a plausible-but-wrong edit scores 0,
     so Delta = 1, the edit's weight grows, and a DPO pair prefers the original edit."""
     import verl_credit.envs.coding.environment as coding
+    from verl_credit.batch_credit import compute_batch_credit
     from verl_credit.config import CreditConfig
     from verl_credit.envs.coding.task_spec import load_task
-    from verl_credit.routing import compute_batch_credit
 
     task = load_task("median_even")
     env = coding.CodingEnvironment(jail="fallback")

@@ -2,8 +2,8 @@
 
 Shared by the verl trainer, the CLI (``verl-credit route``), the demo and the benchmarks:
 
-    scores + group ids  --estimator.trajectory_advantage-->  A_tau (B,)     (GRPO's, credit/grpo.py)
-    inputs + lengths    --estimator.action_credit-->  w (B, T)  or  A_i (B, T)  (credit/*.py math)
+    scores + group ids  --estimator.trajectory_advantage-->  A_tau (B,)     (GRPO's, credit_math/grpo.py)
+    inputs + lengths    --estimator.action_credit-->  w (B, T)  or  A_i (B, T)  (credit_math/*.py math)
     A_tau * w  or  A_i  --tokens.py-->  (rows, response_len)  --estimator.post_process_tokens-->
 
 The estimator is looked up by name in ``verl_credit.estimators`` (one module per estimator),
@@ -25,8 +25,8 @@ import torch
 
 from verl_credit.call_graph import CallGraph
 from verl_credit.config import CreditConfig
-from verl_credit.credit.grpo import REWARD_LIMIT, WIDE_SCORE
-from verl_credit.credit.tokens import scatter_action_values_to_tokens
+from verl_credit.credit_math.grpo import REWARD_LIMIT, WIDE_SCORE
+from verl_credit.credit_math.tokens import scatter_action_values_to_tokens
 from verl_credit.estimators.call_credit import pad_call_graphs
 from verl_credit.estimators.iapo import pad_influence_graphs
 from verl_credit.estimators.registry import EstimatorInputs, TokenLayout
@@ -88,7 +88,7 @@ def check_finite_scores(
 ) -> None:
     """Raise ``ValueError`` naming the first trajectory (position, name if given, group) whose score
     is NaN or infinite (it would make its whole group's advantages NaN) or beyond
-    :data:`~verl_credit.credit.grpo.REWARD_LIMIT` (its credit would overflow)."""
+    :data:`~verl_credit.credit_math.grpo.REWARD_LIMIT` (its credit would overflow)."""
     detached = scores.detach()
     bad = torch.nonzero(~torch.isfinite(detached)).flatten()
     if bad.numel():
@@ -113,7 +113,7 @@ def trajectory_scores(rewards: Sequence[float], names: Sequence[Any] | None = No
     (verl's dtype) when every reward is below ``grpo.WIDE_SCORE`` in magnitude, else float64, so
     that a finite reward such as ``1e39`` (beyond float32) stays finite. A NaN or infinite reward
     raises ``ValueError`` naming its position (and ``names[i]`` if given), and so does one beyond
-    :data:`~verl_credit.credit.grpo.REWARD_LIMIT`."""
+    :data:`~verl_credit.credit_math.grpo.REWARD_LIMIT`."""
     values = torch.tensor([float(r) for r in rewards], dtype=torch.float64)
     bad = torch.nonzero(~torch.isfinite(values)).flatten()
     if bad.numel():

@@ -2,7 +2,7 @@
 
 Notation:
     B: trajectories. T: the largest number of calls in the batch (rows padded, padding length 0).
-    weight, lengths, action_advantage: ``(B, T)`` as in :class:`verl_credit.routing.BatchCredit`
+    weight, lengths, action_advantage: ``(B, T)`` as in :class:`verl_credit.batch_credit.BatchCredit`
         (``action_advantage = A_tau * weight``).
     is_ae, is_ig, is_rv: ``(B, T)`` one-hot role masks (``BatchCredit.extras["AE"]`` ...).
     delta: ``(B, T)`` counterfactual effect ``Delta_k = R(tau) - R(tau')``; ``has_delta`` ``(B, T)``
@@ -30,8 +30,8 @@ Equations:
          row's mass is restored as in (15).
 
 Pure tensor math. The replays that measure ``Delta`` (an environment's ``replay``, the edit
-proposers, the concurrent runner) are :mod:`verl_credit.replay`; the results arrive here as
-:class:`verl_credit.replay.CounterfactualResult` lists.
+proposers, the concurrent runner) are :mod:`verl_credit.counterfactual_replay`; the results arrive here as
+:class:`verl_credit.counterfactual_replay.CounterfactualResult` lists.
 
 Settings (switches, budget, eta, bounds, thresholds) are ``verl_credit.config.CallCreditConfig``'s
 sub-nodes ``counterfactual``, ``ig_downweight``, ``adaptive_omega`` and ``dpo_export``.
@@ -48,10 +48,10 @@ import torch
 
 from verl_credit.call_graph import ROLES, CallGraph
 from verl_credit.config import RV_REWARDS, AdaptiveOmegaConfig
-from verl_credit.credit.tokens import scatter_action_values_to_tokens
+from verl_credit.credit_math.tokens import scatter_action_values_to_tokens
 
 if TYPE_CHECKING:
-    from verl_credit.replay import CounterfactualResult
+    from verl_credit.counterfactual_replay import CounterfactualResult
 
 __all__ = [
     "RV_REWARD_MODES",
@@ -136,7 +136,7 @@ def route_rv_reward_tokens(
     response_length: int,
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """The RV reward on the tokens of training rows (add it to ``routing.route_token_advantages``).
+    """The RV reward on the tokens of training rows (add it to ``batch_credit.route_token_advantages``).
 
     Args:
         rv_reward: ``(B, T)`` per-call reward.
