@@ -466,6 +466,11 @@ def render(yaml_path: Path = TRAINER_YAML) -> str:
         f"Every estimator but {', '.join(any_trainer) or 'none'} needs `trainer.v1.trainer_mode=credit_sync` (the "
         "trainer yaml's default): its inputs travel in `extra_fields`.",
         "",
+        "An estimator's settings are its own section, `credit.<section>.*` (the dataclass it declares as "
+        "`Estimator.settings`; docs/design.md section 9). A plug-in's section is not in the trainer yaml: "
+        "give its keys with a `+` (`+credit.recency.decay=0.5`); they are checked like every key below. "
+        "`verl-credit route` has a flag for each (`--<section>-<key>`, docs/cli.md).",
+        "",
         "## Keys",
         "",
         "Sections: " + ", ".join(f"[`{section.key}`](#{_anchor(section.key)})" for section in found) + ".",

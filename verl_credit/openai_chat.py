@@ -59,7 +59,7 @@ import random
 import re
 import time
 import zlib
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,6 +71,8 @@ __all__ = [
     "MAX_BODY_BYTES",
     "RETRY_TABLE",
     "ChatCompletionError",
+    "EndpointHealth",
+    "EndpointPool",
     "ReplyText",
     "RetryPolicy",
     "decode_body",
@@ -248,6 +250,71 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
     if when is None:
         return None
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+@dataclass
+class EndpointHealth:
+    """One endpoint's health: consecutive failures, and until when it is skipped."""
+
+    failures: int = 0  # consecutive failures
+    down_until: float = 0.0  # time.monotonic() before which the endpoint is skipped
+
+
+class EndpointPool:
+    """Round-robin over several OpenAI-compatible endpoints with per-endpoint health.
+
+    An endpoint that failed (no answer, 5xx, 429, a 200 that is no chat completion) is skipped for
+    ``cooldown`` seconds, doubled per further consecutive failure up to ``cooldown_max`` (at least
+    a ``Retry-After`` it sent, at most ``retry_after_max``); an answer clears it. When every
+    endpoint is cooling down, the one that recovers first is used.
+    """
+
+    def __init__(self, urls: list[str], cooldown: float, cooldown_max: float, retry_after_max: float) -> None:
+        if not urls:
+            raise ValueError("an endpoint pool needs at least one endpoint")
+        self.urls = list(urls)
+        self.cooldown, self.cooldown_max, self.retry_after_max = cooldown, cooldown_max, retry_after_max
+        self._health = [EndpointHealth() for _ in self.urls]
+        self._round_robin = itertools.count()
+
+    def pick(self, avoid: int | None = None) -> int:
+        """The next endpoint in round-robin order that is not cooling down (and not ``avoid``
+        when another one is available); when all are cooling down, the one that recovers first."""
+        now = time.monotonic()
+        count = len(self.urls)
+        first = next(self._round_robin) % count
+        order = [(first + k) % count for k in range(count)]
+        healthy = [i for i in order if self._health[i].down_until <= now]
+        preferred = [i for i in healthy if i != avoid] or healthy
+        if preferred:
+            return preferred[0]
+        return min(order, key=lambda i: self._health[i].down_until)
+
+    def healthy_other(self, endpoint: int) -> bool:
+        """Whether an endpoint other than ``endpoint`` is usable now."""
+        now = time.monotonic()
+        return any(h.down_until <= now for i, h in enumerate(self._health) if i != endpoint)
+
+    def mark_failed(self, endpoint: int, retry_after: float | None) -> None:
+        health = self._health[endpoint]
+        health.failures += 1
+        cooldown = min(self.cooldown_max, self.cooldown * 2 ** min(health.failures - 1, 30))
+        if retry_after is not None:
+            cooldown = max(cooldown, min(retry_after, self.retry_after_max))
+        health.down_until = max(health.down_until, time.monotonic() + cooldown)
+
+    def mark_alive(self, endpoint: int) -> None:
+        health = self._health[endpoint]
+        health.failures = 0
+        health.down_until = 0.0
+
+    def health(self) -> list[dict[str, Any]]:
+        """Per endpoint: its URL, consecutive failures and seconds until it is used again."""
+        now = time.monotonic()
+        return [
+            {"url": url, "failures": h.failures, "cooldown_s": max(0.0, h.down_until - now)}
+            for url, h in zip(self.urls, self._health, strict=True)
+        ]
 
 
 def finite_retry_after(value: str | None) -> float | None:
@@ -430,6 +497,39 @@ def _final(url: str, attempts: int, last: ChatCompletionError) -> ChatCompletion
     return ChatCompletionError(f"{url} failed after {attempts} attempts ({last})", last.kind, last.status)
 
 
+def _attempts(
+    url: str, retry: RetryPolicy
+) -> Generator[float | None, tuple[int, httpx.Headers, bytes] | httpx.HTTPError, dict[str, Any]]:
+    """The retries of one request, whatever sends it (the one loop behind :func:`post_chat_completion`
+    and :func:`post_chat_completion_sync`).
+
+    Yields what to wait before each attempt (``None`` before the first), is sent that attempt's
+    answer -- ``(status, headers, decoded body)`` -- or its transport error, and returns the parsed
+    JSON answer.
+
+    Raises:
+        ChatCompletionError: a non-retryable answer at once, or the last error once retries are spent.
+    """
+    last: ChatCompletionError | None = None
+    retry_after: float | None = None
+    for attempt in range(retry.max_retries + 1):
+        answer = yield (retry.delay(attempt, retry_after) if attempt else None)
+        retry_after = None
+        if isinstance(answer, httpx.HTTPError):
+            last = _transport_error(answer)
+            continue
+        status, answer_headers, body = answer
+        data, last = _outcome(url, status, body)
+        if data is not None:
+            return data
+        assert last is not None
+        if not RetryPolicy.retried(last.kind):
+            raise last
+        retry_after = parse_retry_after(answer_headers.get("retry-after"))
+    assert last is not None
+    raise _final(url, retry.max_retries + 1, last)
+
+
 async def post_chat_completion(
     client: httpx.AsyncClient,
     url: str,
@@ -450,26 +550,21 @@ async def post_chat_completion(
     """
     extra: dict[str, Any] = {"timeout": timeout_s} if timeout_s is not None else {}
     sent_headers = _request_headers(headers)
-    last: ChatCompletionError | None = None
-    retry_after: float | None = None
-    for attempt in range(retry.max_retries + 1):
-        if attempt:
-            await asyncio.sleep(retry.delay(attempt, retry_after))
-        retry_after = None
+    plan = _attempts(url, retry)
+    wait = next(plan)
+    while True:
+        if wait is not None:
+            await asyncio.sleep(wait)
         try:
-            status, answer_headers, answer = await _exchange(client, url, body, sent_headers, extra)
+            answer: tuple[int, httpx.Headers, bytes] | httpx.HTTPError = await _exchange(
+                client, url, body, sent_headers, extra
+            )
         except httpx.HTTPError as error:
-            last = _transport_error(error)
-            continue
-        data, last = _outcome(url, status, answer)
-        if data is not None:
-            return data
-        assert last is not None
-        if not RetryPolicy.retried(last.kind):
-            raise last
-        retry_after = parse_retry_after(answer_headers.get("retry-after"))
-    assert last is not None
-    raise _final(url, retry.max_retries + 1, last)
+            answer = error
+        try:
+            wait = plan.send(answer)
+        except StopIteration as done:
+            return done.value
 
 
 def post_chat_completion_sync(
@@ -481,29 +576,25 @@ def post_chat_completion_sync(
     timeout_s: float | None = None,
     headers: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The blocking twin of :func:`post_chat_completion` (same retries, waits and errors)."""
+    """The blocking twin of :func:`post_chat_completion`: the same attempts (:func:`_attempts`), sent
+    with a blocking client."""
     extra: dict[str, Any] = {"timeout": timeout_s} if timeout_s is not None else {}
     sent_headers = _request_headers(headers)
-    last: ChatCompletionError | None = None
-    retry_after: float | None = None
-    for attempt in range(retry.max_retries + 1):
-        if attempt:
-            time.sleep(retry.delay(attempt, retry_after))
-        retry_after = None
+    plan = _attempts(url, retry)
+    wait = next(plan)
+    while True:
+        if wait is not None:
+            time.sleep(wait)
         try:
-            status, answer_headers, answer = _exchange_sync(client, url, body, sent_headers, extra)
+            answer: tuple[int, httpx.Headers, bytes] | httpx.HTTPError = _exchange_sync(
+                client, url, body, sent_headers, extra
+            )
         except httpx.HTTPError as error:
-            last = _transport_error(error)
-            continue
-        data, last = _outcome(url, status, answer)
-        if data is not None:
-            return data
-        assert last is not None
-        if not RetryPolicy.retried(last.kind):
-            raise last
-        retry_after = parse_retry_after(answer_headers.get("retry-after"))
-    assert last is not None
-    raise _final(url, retry.max_retries + 1, last)
+            answer = error
+        try:
+            wait = plan.send(answer)
+        except StopIteration as done:
+            return done.value
 
 
 def first_message(response: Mapping[str, Any]) -> dict[str, Any]:

@@ -128,6 +128,21 @@ def test_no_branch_on_an_estimator_name_outside_the_registry() -> None:
 CREDIT_SIDE = ("verl_credit.credit_math", "verl_credit.estimators", "verl_credit.batch_credit", "verl_credit.report")
 
 
+def test_no_consumer_tests_an_estimators_needs_or_flags_outside_the_registry() -> None:
+    """What an estimator needs becomes its inputs in one place (``estimators.needs.gather_needs``),
+    and CALL-CREDIT's extra parts go through its own hooks: no ``"call_graphs" in needs`` and no
+    flag true for one estimator only (a name branch in disguise) outside ``verl_credit.estimators``."""
+    need = r"(influence_graphs|call_graphs|rv_statuses|anchor_states|turn_rewards|information_gains)"
+    pattern = re.compile(rf"""["']{need}["']\s+(not\s+)?in\b|\bin\s+\w*needs\b|call_credit_parts""")
+    offenders = [
+        f"{name}: {match.group(0)}"
+        for name, path in _modules().items()
+        if not name.startswith("verl_credit.estimators")
+        for match in pattern.finditer(path.read_text(encoding="utf-8"))
+    ]
+    assert offenders == []
+
+
 def test_annotators_and_environments_import_nothing_of_the_credit_side() -> None:
     modules = _modules()
     offenders = [

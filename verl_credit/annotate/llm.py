@@ -65,7 +65,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import functools
-import itertools
 import json
 import logging
 import math
@@ -87,6 +86,7 @@ from verl_credit.annotate.prompt import PROMPT_VERSION, AnnotationPrompt, build_
 from verl_credit.graph import EDGE_TYPES, SIGNS, GraphValidation, InfluenceGraph, graph_json_schema, validate_graph
 from verl_credit.openai_chat import (
     ACCEPT_ENCODING,
+    EndpointPool,
     RetryPolicy,
     decode_body,
     finite_retry_after,
@@ -674,11 +674,12 @@ class LLMAnnotator(Annotator):
         self._ssl_context: ssl.SSLContext | None = None
         self._semaphore: asyncio.Semaphore | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._round_robin = itertools.count()
         self.deadline = float(deadline) if deadline is not None else self.timeout * (max_retries + 1)
         self.endpoint_cooldown = float(endpoint_cooldown)
         self.endpoint_cooldown_max = float(endpoint_cooldown_max)
-        self._health = [_EndpointHealth() for _ in self._urls]
+        self._pool = EndpointPool(
+            self.endpoints, self.endpoint_cooldown, self.endpoint_cooldown_max, self.retry.retry_after_max_s
+        )
         self._random = random.Random(jitter_seed)
         self._rules = rules_annotator
         if fallback == "rules" and self._rules is None:
@@ -782,7 +783,7 @@ class LLMAnnotator(Annotator):
         transport_failures = content_failures = 0
         avoid: int | None = None  # the endpoint that just failed: the retry goes elsewhere if it can
         while True:
-            endpoint = self._pick_endpoint(avoid)
+            endpoint = self._pool.pick(avoid)
             try:
                 reply = await self._post(body, endpoint, clock)
                 if len(reply.body) <= INLINE_MAX_CHARS:
@@ -804,13 +805,13 @@ class LLMAnnotator(Annotator):
                     delay = 0.0
                 else:
                     if RetryPolicy.endpoint_unwell(failure.kind):
-                        self._mark_failed(endpoint, failure.retry_after)
+                        self._pool.mark_failed(endpoint, failure.retry_after)
                     if not failure.retryable or transport_failures >= self.retry.max_retries:
                         raise
                     transport_failures += 1
                     avoid = endpoint
                     # a Retry-After speaks for its endpoint: another healthy one is tried after the backoff
-                    retry_after = None if self._healthy_other(endpoint) else failure.retry_after
+                    retry_after = None if self._pool.healthy_other(endpoint) else failure.retry_after
                     delay = self._backoff(transport_failures, retry_after)
                 if delay >= clock.remaining():
                     failure.retryable = False
@@ -836,43 +837,9 @@ class LLMAnnotator(Annotator):
         return graph, validation
 
     # -- endpoint health ---------------------------------------------------------------------
-    def _pick_endpoint(self, avoid: int | None = None) -> int:
-        """The next endpoint in round-robin order that is not cooling down (and not ``avoid``
-        when another one is available); when all are cooling down, the one that recovers first."""
-        now = time.monotonic()
-        count = len(self._urls)
-        first = next(self._round_robin) % count
-        order = [(first + k) % count for k in range(count)]
-        healthy = [i for i in order if self._health[i].down_until <= now]
-        preferred = [i for i in healthy if i != avoid] or healthy
-        if preferred:
-            return preferred[0]
-        return min(order, key=lambda i: self._health[i].down_until)
-
-    def _healthy_other(self, endpoint: int) -> bool:
-        now = time.monotonic()
-        return any(h.down_until <= now for i, h in enumerate(self._health) if i != endpoint)
-
-    def _mark_failed(self, endpoint: int, retry_after: float | None) -> None:
-        health = self._health[endpoint]
-        health.failures += 1
-        cooldown = min(self.endpoint_cooldown_max, self.endpoint_cooldown * 2 ** min(health.failures - 1, 30))
-        if retry_after is not None:
-            cooldown = max(cooldown, min(retry_after, self.retry.retry_after_max_s))
-        health.down_until = max(health.down_until, time.monotonic() + cooldown)
-
-    def _mark_alive(self, endpoint: int) -> None:
-        health = self._health[endpoint]
-        health.failures = 0
-        health.down_until = 0.0
-
     def endpoint_health(self) -> list[dict[str, Any]]:
         """Per endpoint: its URL, consecutive failures and seconds until it is used again."""
-        now = time.monotonic()
-        return [
-            {"url": url, "failures": h.failures, "cooldown_s": max(0.0, h.down_until - now)}
-            for url, h in zip(self.endpoints, self._health, strict=True)
-        ]
+        return self._pool.health()
 
     # -- the context budget ------------------------------------------------------------------
     async def prompt_budget(self) -> int | None:
@@ -1028,7 +995,7 @@ class LLMAnnotator(Annotator):
         if kind is not None and RetryPolicy.retried(kind):
             retry_after = finite_retry_after(reply.headers.get("retry-after"))
             raise AnnotationFailure(kind, f"{url}: HTTP {status}: {reply.text(200)}", retry_after=retry_after)
-        self._mark_alive(endpoint)  # it answered: whatever the answer says, the endpoint is up
+        self._pool.mark_alive(endpoint)  # it answered: whatever the answer says, the endpoint is up
         if status != 200:
             text = reply.text(1000)
             if is_context_length_error(status, text):
@@ -1109,12 +1076,6 @@ class _Deadline:
                 return self.seconds
             self.at = now + self.seconds
         return self.at - now
-
-
-@dataclass
-class _EndpointHealth:
-    failures: int = 0  # consecutive failures
-    down_until: float = 0.0  # time.monotonic() before which the endpoint is skipped
 
 
 @dataclass
