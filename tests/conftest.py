@@ -1,6 +1,6 @@
 """Shared fixtures: a clean environment for HTTP tests and the local OpenAI-compatible stub server.
 
-Layout: the test folders mirror the package (``tests/credit``, ``tests/estimators``,
+Layout: the test folders mirror the package (``tests/credit_math``, ``tests/estimators``,
 ``tests/annotate``, ``tests/envs``, ``tests/ingest``, ``tests/report``, ``tests/cli``,
 ``tests/verl``; ``tests/core`` for the top-level modules, ``tests/bench`` for ``verl_credit/bench``
 and ``scripts/``, ``tests/e2e`` for the end-to-end runs). No folder is a package (no

@@ -1422,7 +1422,7 @@ PINNED_CREDIT_KEYS: dict[str, str] = {
 #: tests/verl/test_info_gain_trainer.py (a non-default placeholder reaches the masked rows)
 TRAINER_INFO_GAIN_KEYS = {"placeholder"}
 #: credit.call_credit keys of the trainer's replays: pinned in tests/verl (test_trainer_call_adjustments.py)
-#: and tests/credit/test_call_credit_adjustments.py, not reachable from `verl-credit route`
+#: and tests/credit_math/test_call_credit_adjustments.py, not reachable from `verl-credit route`
 TRAINER_CALL_CREDIT_KEYS = {
     "counterfactual",
     "ig_downweight",
