@@ -297,3 +297,15 @@ def test_credit_epsilon_keeps_the_advantage_sign_and_finite() -> None:
     for bad in (-1.0, 0.0, NAN, "1e-6"):
         with pytest.raises(ValueError, match=r"credit\.epsilon must be"):
             CreditConfig(epsilon=bad)
+
+
+def test_the_rule_fallback_of_llm_settings_is_a_valid_rule_annotator() -> None:
+    """The trainer's fallback for a timed-out LLM annotation builds rule settings from the LLM ones:
+    the LLM-only keys go back to their defaults (else the rule annotator would refuse them)."""
+    llm = load_settings(
+        {"annotator": {"name": "llm", "base_urls": ["http://a:8000/v1"], "model": "m", "timeout": 30.0}}
+    ).annotator
+    rules = llm.rule_fallback()
+    assert rules.name == "rules" and rules.cache_path is None
+    assert rules.base_urls == () and rules.model is None and rules.timeout != 30.0
+    assert rules.fallback == llm.fallback and rules.deadline == llm.deadline  # what the rules path reads stays

@@ -303,7 +303,7 @@ async def annotate_within_deadline(
 async def _fallback_results(trajectories: Sequence[Trajectory], settings: AnnotatorSettings) -> list[AnnotationResult]:
     """``settings.fallback`` for ``trajectories``: the rule annotator's graphs, or uniform graphs."""
     if settings.fallback == "rules":
-        rules = make_annotator(replace(settings, name="rules", cache_path=None))
+        rules = make_annotator(settings.rule_fallback())
         try:
             found = await rules.annotate_batch(list(trajectories))
         finally:

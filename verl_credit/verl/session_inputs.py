@@ -327,7 +327,7 @@ def _influence_graphs(
             results[number] = result
             found.trainer_annotation_timeouts += int(result.error == TRAINER_DEADLINE_ERROR)
     if timed_out:
-        rules = replace(settings, name="rules", cache_path=None)
+        rules = settings.rule_fallback()
         annotated = annotate([inputs.trajectories[n] for n in timed_out], rules)  # type: ignore[misc]
         for number, result in zip(timed_out, annotated, strict=True):
             results[number] = replace(result, source="fallback:rules", error=result.error or TIMEOUT_ERROR)

@@ -33,7 +33,7 @@ import os
 import re
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -213,6 +213,14 @@ class AnnotatorSettings:
                 list(self.base_urls),
             )
             _require(bool(self.model), "credit.annotator.model", f"must be set for annotator {self.name!r}", self.model)
+
+    def rule_fallback(self) -> AnnotatorSettings:
+        """These settings for the rule annotator a fallback runs: ``name`` rules, no cache, the
+        LLM-only keys back at their defaults (a rule annotator refuses them)."""
+        defaults = {
+            item.name: item.default for item in fields(self) if item.name in annotator_defaults.LLM_ONLY_SETTINGS
+        }
+        return replace(self, name="rules", cache_path=None, **defaults)
 
     def annotator_options(self) -> dict[str, Any]:
         """Constructor options for ``build_annotator`` (the set ones; ``cache_path`` is passed by
